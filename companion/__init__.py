@@ -5,4 +5,10 @@ Submodules are imported explicitly (``from companion import recurrent``) so that
 package stays cheap.
 """
 
+import warnings
+
 __version__ = "0.1.0"
+
+# Without ipywidgets, tqdm.auto falls back to text progress bars in notebooks (what the book
+# wants) but first warns on stderr, which would differ between machines with and without it.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
