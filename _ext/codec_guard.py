@@ -13,18 +13,24 @@ from __future__ import annotations
 import codecs
 
 
-def _unregister_catch_all_codec() -> bool:
+def _unregister_catch_all_codec() -> int:
+    """Remove future-typing's search function (it may be registered more than once)."""
     try:
         from future_typing import codec as future_typing_codec
     except ImportError:
-        return False
-    codecs.unregister(future_typing_codec.search_function)  # also clears the lookup cache
-    return True
+        return 0
+    import latexcodec  # noqa: F401  (registers "latex"/"ulatex")
+
+    removed = 0
+    while codecs.lookup("ulatex").name == "future_typing":
+        if removed == 16:
+            raise RuntimeError("could not remove future-typing's catch-all codec search function")
+        codecs.unregister(future_typing_codec.search_function)  # one registration; clears the cache
+        removed += 1
+    return removed
 
 
 def setup(app):
     _unregister_catch_all_codec()
-    import latexcodec  # noqa: F401  (registers "latex"/"ulatex" now that lookups are honest)
-
     codecs.lookup("ulatex")  # fail early and clearly if the bibliography codec is missing
     return {"parallel_read_safe": True, "parallel_write_safe": True}
