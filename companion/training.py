@@ -136,7 +136,11 @@ def train(
     model.to(device).train()
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
-    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    # The schedule scales each group's *initial* rate (as torch's LR schedulers do), so a second
+    # call with the same optimizer starts from the original rate, not the last scheduled one.
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
     history = TrainHistory()
 
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, mininterval=0.5)

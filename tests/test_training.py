@@ -91,3 +91,12 @@ def test_bad_arguments():
     nan_batch = lambda step: (torch.full((4, 5), float("nan")), torch.zeros(4, dtype=torch.long))  # noqa: E731
     with pytest.raises(FloatingPointError, match="step 0"):
         train(model, nan_batch, steps=1, progress=False)
+
+
+def test_schedule_restarts_from_the_initial_rate_when_the_optimizer_is_reused():
+    model = nn.Linear(5, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    schedule = warmup_cosine_schedule(warmup_steps=0, total_steps=4, min_ratio=0.0)
+    first = train(model, make_problem(), steps=4, optimizer=optimizer, lr_schedule=schedule, progress=False)
+    second = train(model, make_problem(), steps=4, optimizer=optimizer, lr_schedule=schedule, progress=False)
+    assert first.lr[0] == pytest.approx(0.1) and second.lr == pytest.approx(first.lr)

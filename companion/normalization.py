@@ -1,0 +1,114 @@
+"""Layer normalisation and RMS normalisation, written from their equations.
+
+Both normalise each token's feature vector on its own — over the last dim, ``d_model`` — so they
+do not depend on the batch (unlike BatchNorm, which normalises each feature across the batch).
+
+* :class:`LayerNorm` (Ba et al., 2016)::
+
+      μ = mean(x),  σ² = mean((x − μ)²),  LayerNorm(x) = (x − μ) / √(σ² + ε) · γ + β
+
+  invariant to adding a constant to every feature (shift) and to multiplying by one (scale).
+* :class:`RMSNorm` (Zhang & Sennrich, 2019)::
+
+      RMS(x) = √(mean(x²) + ε),  RMSNorm(x) = x / RMS(x) · γ
+
+  no mean, no β: cheaper, still scale invariant, but not shift invariant.
+
+Both equal ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` given the same parameters and ε
+(tested). They compute in float32 at least, as half-precision sums of squares overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["LayerNorm", "RMSNorm", "NORMS", "make_norm"]
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+def _check_args(d_model: object, eps: object) -> None:
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be an int >= 1, got {d_model!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive float, got {eps!r}")
+
+
+def _check_input(x: object, d_model: int) -> Tensor:
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {got}")
+    if x.dim() < 1 or x.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
+    return x
+
+
+class LayerNorm(nn.Module):
+    """``(x − μ) / √(σ² + ε) · γ + β`` over the last dim (Ba et al., 2016, eq. 4; Vaswani et al., 2017).
+
+    Args:
+        d_model: size of the normalised (last) dim.
+        eps: added to the variance (``torch.nn.LayerNorm`` default 1e-5).
+        bias: learn ``β`` (True) or leave it out (as some recent models do).
+
+    ``forward(x)``: ``(..., d_model)`` -> same shape. ``σ²`` is the biased (population) variance.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        _check_args(d_model, eps)
+        self.d_model, self.eps = d_model, float(eps)
+        self.weight = nn.Parameter(torch.ones(d_model))  # γ
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # β
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, eps={self.eps:g}, bias={self.bias is not None}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise each ``(d_model,)`` vector of ``x`` ``(..., d_model)``."""
+        _check_input(x, self.d_model)
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        mu = xf.mean(dim=-1, keepdim=True)
+        var = (xf - mu).pow(2).mean(dim=-1, keepdim=True)
+        y = (xf - mu) * torch.rsqrt(var + self.eps) * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """``x / √(mean(x²) + ε) · γ`` over the last dim (Zhang & Sennrich, 2019, eq. 4; LLaMA).
+
+    Args:
+        d_model: size of the normalised (last) dim.
+        eps: added to the mean square (LLaMA uses 1e-6; ``torch.nn.RMSNorm`` defaults to the
+            dtype's machine epsilon, so pass ``eps`` explicitly when comparing).
+
+    ``forward(x)``: ``(..., d_model)`` -> same shape.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        _check_args(d_model, eps)
+        self.d_model, self.eps = d_model, float(eps)
+        self.weight = nn.Parameter(torch.ones(d_model))  # γ
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, eps={self.eps:g}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Rescale each ``(d_model,)`` vector of ``x`` ``(..., d_model)`` to unit RMS, then by γ."""
+        _check_input(x, self.d_model)
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        return y.to(x.dtype)
+
+
+def make_norm(kind: str, d_model: int, eps: float | None = None) -> nn.Module:
+    """A :class:`LayerNorm` (``kind="layernorm"``) or :class:`RMSNorm` (``"rmsnorm"``) of width ``d_model``."""
+    if kind not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+    if kind == "layernorm":
+        return LayerNorm(d_model) if eps is None else LayerNorm(d_model, eps)
+    return RMSNorm(d_model) if eps is None else RMSNorm(d_model, eps)
