@@ -113,13 +113,16 @@ class EncoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_position={self.norm_position!r}"
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
+                causal: bool = False) -> Tensor:
         """``x`` ``(batch, src_len, d_model)`` -> same shape.
 
         ``mask``: bool, True = may attend, e.g. :func:`companion.attention.padding_mask` of the
-        source ``(batch, 1, 1, src_len)``. ``bias``: additive score bias (ALiBi).
+        source ``(batch, 1, 1, src_len)``. ``bias``: additive score bias (ALiBi, T5).
+        ``causal=True`` makes each position attend only to itself and earlier ones, which turns
+        the layer into a decoder-only (GPT) block (see :mod:`companion.models.causal_lm`).
         """
-        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, bias=bias)[0])
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, bias=bias, causal=causal)[0])
         return self.ffn_block(x, self.ffn)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.models.causal_lm import POSITIONS, Block, CausalLM
+from companion.attention import causal_mask
+from companion.models.causal_lm import POSITIONS, CausalLM
 from companion.positional import alibi_bias
 from companion.utils import count_parameters
 
@@ -59,20 +60,23 @@ def test_positional_parameters_are_where_each_scheme_puts_them():
 
 def test_relative_schemes_are_shared_across_layers():
     rope = _model("rope")
-    assert rope.blocks[0].attn.rotary is rope.blocks[1].attn.rotary is not None
+    assert rope.blocks[0].self_attn.rotary is rope.blocks[1].self_attn.rotary is not None
     t5 = _model("t5")
     assert t5.t5_bias is not None and t5.attention_bias(5).shape == (2, 5, 5)
     torch.testing.assert_close(_model("alibi").attention_bias(5), alibi_bias(2, 5, causal=True))
     assert _model("none").attention_bias(5) is None and _model("rope").attention_bias(5) is None
 
 
-def test_block_is_pre_norm_residual():
+def test_blocks_are_causal_pre_norm_encoder_layers():
+    """Each block computes h = x + Attn(Norm(x)) with a causal mask, then h + FFN(Norm(h))."""
     torch.manual_seed(0)
-    block = Block(16, 2).eval()
+    model = CausalLM(VOCAB, 16, 1, 2, position="none", ffn="swiglu", norm="rmsnorm").eval()
+    block = model.blocks[0]
     x = torch.randn(2, 5, 16)
-    attended, _ = block.attn(block.ln_attn(x), causal=True)
+    attended, _ = block.self_attn(block.attn_block.norm(x), mask=causal_mask(5))
     h = x + attended
-    torch.testing.assert_close(block(x), h + block.mlp(block.ln_mlp(h)))
+    torch.testing.assert_close(block(x, causal=True), h + block.ffn(block.ffn_block.norm(h)))
+    assert type(block.ffn).__name__ == "SwiGLU" and type(model.norm_f).__name__ == "RMSNorm"
 
 
 def _train_three_back(position: str, steps: int = 100) -> float:

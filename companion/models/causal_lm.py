@@ -6,10 +6,10 @@ The architecture is nanoGPT's, cut to the bone::
       -> token embedding                         (batch, seq, d_model)
       -> [+ absolute positions]                  "sinusoidal" | "learned"
       -> n_layers × pre-norm block:
-             x = x + Attention(LayerNorm(x))     causal; "rope" rotates q and k,
+             x = x + Attention(Norm(x))          causal; "rope" rotates q and k,
                                                  "alibi" | "t5" add a bias to the scores
-             x = x + MLP(LayerNorm(x))           Linear -> GELU -> Linear
-      -> LayerNorm -> Linear                     logits (batch, seq, vocab_size)
+             x = x + FFN(Norm(x))                Linear -> GELU -> Linear by default
+      -> Norm -> Linear                          logits (batch, seq, vocab_size)
 
 ``position`` chooses where positional information enters (see :mod:`companion.positional`):
 ``"none"`` (the causal mask is the only source of order), ``"sinusoidal"`` and ``"learned"``
@@ -20,9 +20,9 @@ experiment needs. Every scheme except ``"learned"`` runs on sequences longer tha
 on; ``"learned"`` raises the ``ValueError`` of
 :class:`companion.positional.LearnedPositionalEmbedding` beyond ``max_len``.
 
-For now the block uses ``torch.nn.LayerNorm`` and a plain Linear-GELU-Linear MLP; the chapters
-on the feed-forward network, normalisation and assembling the Transformer rebuild it from
-companion's own modules.
+Each block is a :class:`companion.blocks.EncoderLayer` run with ``causal=True`` and
+``norm_position="pre"`` — a GPT block is an encoder layer that cannot look ahead — so the
+normalisation (``norm``) and feed-forward (``ffn``) choices of Chapters 7 and 8 are available too.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from companion.attention import MultiHeadAttention
+from companion.blocks import EncoderLayer
+from companion.normalization import make_norm
 from companion.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -39,37 +40,9 @@ from companion.positional import (
     alibi_bias,
 )
 
-__all__ = ["POSITIONS", "Block", "CausalLM"]
+__all__ = ["POSITIONS", "CausalLM"]
 
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
-
-
-class Block(nn.Module):
-    """One pre-norm decoder block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``.
-
-    Args:
-        d_model, n_heads: width and number of attention heads.
-        mlp_ratio: hidden width of the MLP as a multiple of ``d_model`` (4 in GPT).
-        dropout: dropout on the attention weights and on each residual branch.
-        rotary: optional RoPE hook passed to :class:`~companion.attention.MultiHeadAttention`.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
-                 rotary: RotaryEmbedding | None = None) -> None:
-        super().__init__()
-        self.ln_attn = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, rotary=rotary)
-        self.ln_mlp = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
-        )
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """``x`` ``(batch, seq, d_model)`` -> same shape; ``bias`` ``(heads, seq, seq)`` is added to the scores."""
-        attended, _ = self.attn(self.ln_attn(x), bias=bias, causal=True)
-        x = x + self.drop(attended)
-        return x + self.drop(self.mlp(self.ln_mlp(x)))
 
 
 class CausalLM(nn.Module):
@@ -80,14 +53,18 @@ class CausalLM(nn.Module):
         d_model, n_layers, n_heads: width, depth and heads (``d_model % n_heads == 0``).
         position: one of :data:`POSITIONS`.
         max_len: positions with a learned vector (``"learned"`` only; the others have no limit).
-        mlp_ratio, dropout: see :class:`Block`.
+        mlp_ratio: hidden width of the feed-forward network as a multiple of ``d_model`` (4 in GPT).
+        dropout: on the attention weights, inside the FFN and on each residual branch.
+        norm: ``"layernorm"`` or ``"rmsnorm"`` (:mod:`companion.normalization`).
+        ffn: ``"gelu"`` (GPT), ``"relu"``, ``"silu"`` or ``"swiglu"`` (:mod:`companion.feedforward`).
         t5_num_buckets, t5_max_distance: the T5 bucketing (causal, so one-sided).
         rope_base: RoPE's wavelength scale.
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, *,
                  position: str = "rope", max_len: int = 256, mlp_ratio: int = 4, dropout: float = 0.0,
-                 t5_num_buckets: int = 32, t5_max_distance: int = 128, rope_base: float = 10000.0) -> None:
+                 t5_num_buckets: int = 32, t5_max_distance: int = 128, rope_base: float = 10000.0,
+                 norm: str = "layernorm", ffn: str = "gelu") -> None:
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
@@ -106,8 +83,12 @@ class CausalLM(nn.Module):
         # T5 learns one bias table and shares it across layers; ALiBi's bias is a formula.
         self.t5_bias = (T5RelativePositionBias(n_heads, t5_num_buckets, t5_max_distance, bidirectional=False)
                         if position == "t5" else None)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_ratio, dropout, rotary) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d_model)
+        self.blocks = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, mlp_ratio * d_model, dropout, norm_position="pre", norm=norm, ffn=ffn,
+                         rotary=rotary)
+            for _ in range(n_layers)
+        )
+        self.norm_f = make_norm(norm, d_model)
         self.head = nn.Linear(d_model, vocab_size)
 
     def extra_repr(self) -> str:
@@ -132,5 +113,5 @@ class CausalLM(nn.Module):
             x = self.pos_emb(x)
         bias = self.attention_bias(ids.shape[1])
         for block in self.blocks:
-            x = block(x, bias)
-        return self.head(self.ln_f(x))
+            x = block(x, bias=bias, causal=True)
+        return self.head(self.norm_f(x))
