@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from companion._validation import check_choice, check_int
 from companion.attention import MultiHeadAttention
 from companion.feedforward import ACTIVATIONS, FeedForward, SwiGLU
 from companion.normalization import NORMS, make_norm
@@ -39,16 +40,8 @@ FFN_KINDS = (*ACTIVATIONS, "swiglu")
 STACK_POSITIONS = ("none", "rope", "alibi")
 
 
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value  # type: ignore[return-value]
 
 
-def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def make_ffn(kind: str, d_model: int, d_ff: int, dropout: float = 0.0) -> nn.Module:
@@ -57,7 +50,7 @@ def make_ffn(kind: str, d_model: int, d_ff: int, dropout: float = 0.0) -> nn.Mod
     ``d_ff`` is used as given for every kind; pass
     :func:`companion.feedforward.matching_swiglu_hidden_size` for a SwiGLU of equal size.
     """
-    _check_choice("ffn", kind, FFN_KINDS)
+    check_choice("ffn", kind, FFN_KINDS)
     if kind == "swiglu":
         return SwiGLU(d_model, d_ff, dropout=dropout)
     return FeedForward(d_model, d_ff, kind, dropout=dropout)
@@ -102,9 +95,9 @@ class EncoderLayer(nn.Module):
                  norm: str = "layernorm", ffn: str = "relu", residual: bool = True,
                  rotary: RotaryEmbedding | None = None, n_kv_heads: int | None = None) -> None:
         super().__init__()
-        _check_choice("norm_position", norm_position, NORM_POSITIONS)
-        _check_choice("norm", norm, NORMS)
-        self.d_model, self.norm_position = _check_int("d_model", d_model), norm_position
+        check_choice("norm_position", norm_position, NORM_POSITIONS)
+        check_choice("norm", norm, NORMS)
+        self.d_model, self.norm_position = check_int("d_model", d_model), norm_position
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout, rotary=rotary)
         self.ffn = make_ffn(ffn, d_model, d_ff, dropout)
         self.attn_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
@@ -141,9 +134,9 @@ class DecoderLayer(nn.Module):
                  norm: str = "layernorm", ffn: str = "relu", residual: bool = True,
                  rotary: RotaryEmbedding | None = None, n_kv_heads: int | None = None) -> None:
         super().__init__()
-        _check_choice("norm_position", norm_position, NORM_POSITIONS)
-        _check_choice("norm", norm, NORMS)
-        self.d_model, self.norm_position = _check_int("d_model", d_model), norm_position
+        check_choice("norm_position", norm_position, NORM_POSITIONS)
+        check_choice("norm", norm, NORMS)
+        self.d_model, self.norm_position = check_int("d_model", d_model), norm_position
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout, rotary=rotary)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout)
         self.ffn = make_ffn(ffn, d_model, d_ff, dropout)
@@ -181,12 +174,12 @@ class _Stack(nn.Module):
                  norm_position: str, norm: str, ffn: str, position: str, residual: bool, final_norm: bool | None,
                  n_kv_heads: int | None) -> None:
         super().__init__()
-        _check_int("n_layers", n_layers)
-        _check_choice("norm_position", norm_position, NORM_POSITIONS)
-        _check_choice("norm", norm, NORMS)
-        _check_choice("position", position, STACK_POSITIONS)
-        _check_int("d_model", d_model)
-        _check_int("n_heads", n_heads)
+        check_int("n_layers", n_layers)
+        check_choice("norm_position", norm_position, NORM_POSITIONS)
+        check_choice("norm", norm, NORMS)
+        check_choice("position", position, STACK_POSITIONS)
+        check_int("d_model", d_model)
+        check_int("n_heads", n_heads)
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got d_model={d_model}, n_heads={n_heads}")
         self.position, self.n_heads, self.norm_position = position, n_heads, norm_position

@@ -21,30 +21,18 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion._validation import check_dropout, check_features, check_int
+
+
 __all__ = ["ACTIVATIONS", "FeedForward", "SwiGLU", "swiglu_hidden_size", "matching_swiglu_hidden_size"]
 
 ACTIVATIONS = ("relu", "gelu", "silu")
 
 
-def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
-def _check_dropout(dropout: object) -> float:
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-    return float(dropout)
 
 
-def _check_input(x: object, d_model: int) -> Tensor:
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"x must be a floating-point torch.Tensor, got {got}")
-    if x.dim() < 1 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
-    return x
 
 
 def swiglu_hidden_size(d_model: int, multiple_of: int = 8) -> int:
@@ -54,8 +42,8 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 8) -> int:
     matrices tile well on accelerators; here the default is 8, sensible for tiny models.
     ``swiglu_hidden_size(512) == 1368`` (1365.3 rounded up).
     """
-    _check_int("d_model", d_model)
-    _check_int("multiple_of", multiple_of)
+    check_int("d_model", d_model)
+    check_int("multiple_of", multiple_of)
     hidden = int(8 * d_model / 3)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
@@ -68,8 +56,8 @@ def matching_swiglu_hidden_size(d_model: int, d_ff: int, bias: bool = False) -> 
     rounding to the nearest integer gives ``h ≈ 2/3 · d_ff``. The FFN is taken with biases (as in
     the paper); ``bias`` says whether the SwiGLU has them.
     """
-    _check_int("d_model", d_model)
-    _check_int("d_ff", d_ff)
+    check_int("d_model", d_model)
+    check_int("d_ff", d_ff)
     target = 2 * d_model * d_ff + d_ff + d_model
     if bias:
         return max(1, round((target - d_model) / (3 * d_model + 2)))
@@ -92,14 +80,14 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        _check_int("d_model", d_model)
-        _check_int("d_ff", d_ff)
+        check_int("d_model", d_model)
+        check_int("d_ff", d_ff)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)  # the "keys": pattern detectors
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)  # the "values": what each detector writes back
-        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.dropout = nn.Dropout(check_dropout(dropout))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
@@ -114,7 +102,7 @@ class FeedForward(nn.Module):
 
     def hidden(self, x: Tensor) -> Tensor:
         """The hidden activations ``act(x W_1 + b_1)``, ``(..., d_ff)`` (the memory "key" matches)."""
-        return self.act(self.w1(_check_input(x, self.d_model)))
+        return self.act(self.w1(check_features(x, self.d_model)))
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., d_model)`` -> ``(..., d_model)``."""
@@ -136,17 +124,17 @@ class SwiGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int | None = None, *, multiple_of: int = 8, dropout: float = 0.0,
                  bias: bool = False) -> None:
         super().__init__()
-        _check_int("d_model", d_model)
-        d_ff = swiglu_hidden_size(d_model, multiple_of) if d_ff is None else _check_int("d_ff", d_ff)
+        check_int("d_model", d_model)
+        d_ff = swiglu_hidden_size(d_model, multiple_of) if d_ff is None else check_int("d_ff", d_ff)
         self.d_model, self.d_ff = d_model, d_ff
         self.w_gate = nn.Linear(d_model, d_ff, bias=bias)
         self.w_in = nn.Linear(d_model, d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.dropout = nn.Dropout(check_dropout(dropout))
 
     def hidden(self, x: Tensor) -> Tensor:
         """The gated hidden activations ``Swish(x W_gate) ⊙ x W_in``, ``(..., d_ff)``."""
-        _check_input(x, self.d_model)
+        check_features(x, self.d_model)
         return F.silu(self.w_gate(x)) * self.w_in(x)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -23,6 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from companion._validation import check_features
+
+
 __all__ = ["LayerNorm", "RMSNorm", "NORMS", "make_norm"]
 
 NORMS = ("layernorm", "rmsnorm")
@@ -35,13 +38,6 @@ def _check_args(d_model: object, eps: object) -> None:
         raise ValueError(f"eps must be a positive float, got {eps!r}")
 
 
-def _check_input(x: object, d_model: int) -> Tensor:
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"x must be a floating-point torch.Tensor, got {got}")
-    if x.dim() < 1 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
-    return x
 
 
 class LayerNorm(nn.Module):
@@ -67,7 +63,7 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise each ``(d_model,)`` vector of ``x`` ``(..., d_model)``."""
-        _check_input(x, self.d_model)
+        check_features(x, self.d_model)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         mu = xf.mean(dim=-1, keepdim=True)
         var = (xf - mu).pow(2).mean(dim=-1, keepdim=True)
@@ -99,7 +95,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Rescale each ``(d_model,)`` vector of ``x`` ``(..., d_model)`` to unit RMS, then by γ."""
-        _check_input(x, self.d_model)
+        check_features(x, self.d_model)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
         return y.to(x.dtype)

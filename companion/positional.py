@@ -35,6 +35,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from companion._validation import check_features, check_int, check_positive_float
+
+
 __all__ = [
     "sinusoidal_encoding",
     "SinusoidalPositionalEncoding",
@@ -53,32 +56,16 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
-def _check_positive_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
 
 
 def _check_even(name: str, value: object) -> int:
-    _check_int(name, value, 2)
+    check_int(name, value, 2)
     if value % 2:
         raise ValueError(f"{name} must be even (features are used in pairs of sine/cosine or of a rotation), got {value}")
     return value
 
-
-def _check_embeddings(x: object, d_model: int) -> Tensor:
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"x must be a floating-point torch.Tensor, got {got}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (batch, seq, d_model={d_model}), got {tuple(x.shape)}")
-    return x
 
 
 def _default_positions(positions: Tensor | None, batch: int, seq: int, device: torch.device,
@@ -118,9 +105,9 @@ def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0, *,
         d_model: width, even (sine/cosine pairs).
         base: the wavelength scale; 10000 in the paper.
     """
-    _check_int("max_len", max_len, 1)
+    check_int("max_len", max_len, 1)
     _check_even("d_model", d_model)
-    base = _check_positive_float("base", base)
+    base = check_positive_float("base", base)
     # float64 for the angles (pos * ω loses digits in float32 once pos reaches the thousands), on
     # the CPU because some accelerators (MPS) have no float64; the table is moved afterwards.
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
@@ -147,8 +134,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__()
         self.d_model = _check_even("d_model", d_model)
-        self.base = _check_positive_float("base", base)
-        self.register_buffer("pe", sinusoidal_encoding(_check_int("max_len", max_len, 1), d_model, base), persistent=False)
+        self.base = check_positive_float("base", base)
+        self.register_buffer("pe", sinusoidal_encoding(check_int("max_len", max_len, 1), d_model, base), persistent=False)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base:g}"
@@ -164,7 +151,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         Returns:
             ``(batch, seq, d_model)``.
         """
-        _check_embeddings(x, self.d_model)
+        check_features(x, self.d_model, ndim=3)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.pe.shape[0]:  # grow the table: a formula has no length limit
@@ -186,8 +173,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
-        self.max_len = _check_int("max_len", max_len, 1)
-        self.d_model = _check_int("d_model", d_model, 1)
+        self.max_len = check_int("max_len", max_len, 1)
+        self.d_model = check_int("d_model", d_model, 1)
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
 
     def extra_repr(self) -> str:
@@ -206,7 +193,7 @@ class LearnedPositionalEmbedding(nn.Module):
         Raises:
             ValueError: if a position is ``>= max_len``: there is no embedding for it.
         """
-        _check_embeddings(x, self.d_model)
+        check_features(x, self.d_model, ndim=3)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
         if positions.numel() and int(positions.max()) >= self.max_len:
             last = int(positions.max())
@@ -269,7 +256,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False) -> None:
         super().__init__()
         self.head_dim = _check_even("head_dim", head_dim)
-        self.base = _check_positive_float("base", base)
+        self.base = check_positive_float("base", base)
         if not isinstance(interleaved, bool):
             raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
         self.interleaved = interleaved
@@ -336,7 +323,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     of two and fill the remaining heads with every other slope of the next power of two
     (which interleave between them).
     """
-    _check_int("n_heads", n_heads, 1)
+    check_int("n_heads", n_heads, 1)
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -365,8 +352,8 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, causal: bool 
         causal: if True (a decoder), future keys ``j > i`` get ``-inf``, so the bias masks them
             as well; if False (an encoder), the penalty is symmetric in ``i - j``.
     """
-    _check_int("q_len", q_len, 1)
-    k_len = q_len if k_len is None else _check_int("k_len", k_len, 1)
+    check_int("q_len", q_len, 1)
+    k_len = q_len if k_len is None else check_int("k_len", k_len, 1)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
@@ -411,10 +398,10 @@ def t5_relative_position_bucket(relative_position: Tensor, bidirectional: bool =
         raise TypeError(f"relative_position must be an integer torch.Tensor, got {got}")
     if not isinstance(bidirectional, bool):
         raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
-    _check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+    check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     buckets_per_side = num_buckets // 2 if bidirectional else num_buckets
     max_exact = buckets_per_side // 2
-    _check_int("max_distance", max_distance, max_exact + 1)
+    check_int("max_distance", max_distance, max_exact + 1)
 
     relative_position = relative_position.long()
     if bidirectional:
@@ -445,7 +432,7 @@ class T5RelativePositionBias(nn.Module):
 
     def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True) -> None:
         super().__init__()
-        self.n_heads = _check_int("n_heads", n_heads, 1)
+        self.n_heads = check_int("n_heads", n_heads, 1)
         # validates num_buckets, max_distance and bidirectional together
         t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
@@ -458,8 +445,8 @@ class T5RelativePositionBias(nn.Module):
 
     def buckets(self, q_len: int, k_len: int | None = None) -> Tensor:
         """Bucket of every (query, key) pair, ``(q_len, k_len)``; queries are the last ``q_len`` positions."""
-        _check_int("q_len", q_len, 1)
-        k_len = q_len if k_len is None else _check_int("k_len", k_len, 1)
+        check_int("q_len", q_len, 1)
+        k_len = q_len if k_len is None else check_int("k_len", k_len, 1)
         device = self.relative_attention_bias.weight.device
         query = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
         key = torch.arange(k_len, device=device)[None, :]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion._validation import check_int
 from companion.attention import padding_mask
 from companion.blocks import FFN_KINDS, NORM_POSITIONS, TransformerDecoder, TransformerEncoder
 from companion.normalization import NORMS
@@ -37,10 +38,6 @@ __all__ = ["MODEL_POSITIONS", "Transformer", "teacher_forcing_loss", "greedy_dec
 MODEL_POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
-def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
@@ -79,10 +76,10 @@ class Transformer(nn.Module):
                  position: str = "sinusoidal", share_embeddings: bool = False, tie_output: bool = True,
                  pad_id: int = 0, max_len: int = 256, final_norm: bool | None = None) -> None:
         super().__init__()
-        _check_int("src_vocab_size", src_vocab_size, 2)
-        _check_int("tgt_vocab_size", tgt_vocab_size, 2)
-        _check_int("d_model", d_model)
-        _check_int("d_ff", d_ff)
+        check_int("src_vocab_size", src_vocab_size, 2)
+        check_int("tgt_vocab_size", tgt_vocab_size, 2)
+        check_int("d_model", d_model)
+        check_int("d_ff", d_ff)
         for name, value, choices in (("position", position, MODEL_POSITIONS), ("norm_position", norm_position, NORM_POSITIONS),
                                      ("norm", norm, NORMS), ("ffn", ffn, FFN_KINDS)):
             if value not in choices:
@@ -180,7 +177,7 @@ def _check_decode_args(model: object, src: object, bos_id: int, eos_id: int, max
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a companion Transformer, got {type(model).__name__}")
     _check_ids("src", src, model.src_vocab_size)
-    _check_int("max_len", max_len)
+    check_int("max_len", max_len)
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
             raise ValueError(f"{name} must be a target id in [0, {model.tgt_vocab_size}), got {value!r}")
@@ -246,7 +243,7 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_
         ``(batch, L)`` ids starting with ``<bos>``, right-padded with ``pad_id`` (and the scores).
     """
     _check_decode_args(model, src, bos_id, eos_id, max_len)
-    _check_int("beam_size", beam_size)
+    check_int("beam_size", beam_size)
     was_training = model.training
     model.eval()
     try:
