@@ -30,19 +30,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from companion.attention import KVCache, MultiHeadAttention, padding_mask  # noqa: E402
+from companion.profiling import saved_tensor_bytes, synchronize  # noqa: E402
 from companion.utils import get_device, seed_everything  # noqa: E402
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device: torch.device) -> float:
-    sync(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    sync(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -57,23 +53,6 @@ def compare(fns: dict, device: torch.device, repeats: int, warmup: int = 2) -> d
         for name, fn in fns.items():
             times[name].append(timed(fn, device))
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def saved_bytes(fn) -> int:
-    """Bytes of the distinct tensors autograd saves for the backward pass while ``fn`` runs."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        try:
-            key = t.untyped_storage().data_ptr()
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except RuntimeError:  # tensors without storage (e.g. some wrappers)
-            pass
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -153,7 +132,7 @@ def bench_explicit_vs_fused(device: torch.device, quick: bool) -> None:
         mem = {}
         for name, fn in (("explicit", lambda: mha(x, causal=True, need_weights=True)),
                          ("fused", lambda: mha(x, causal=True))):
-            mem[name] = saved_bytes(fn)
+            mem[name] = saved_tensor_bytes(fn)
         peak = {}
         if device.type == "cuda":
             for name, fn in (("explicit", explicit), ("fused", fused)):

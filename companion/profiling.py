@@ -1,0 +1,69 @@
+"""Measuring code, the same way in every chapter and benchmark: wall time and saved activations.
+
+Timings on a shared machine are noisy; :func:`best_time` reports the *minimum* over a few runs,
+the least disturbed one, and synchronises the device so that asynchronous GPU work is counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from companion._validation import check_int
+
+__all__ = ["synchronize", "best_time", "saved_tensor_bytes"]
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for the queued work of ``device`` (CUDA or MPS) to finish; a no-op on the CPU."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def best_time(fn: Callable[[], object], repeats: int = 5, *, warmup: int = 1, inner: int = 1,
+              device: torch.device | str | None = None) -> float:
+    """Seconds per call of ``fn()``: the minimum over ``repeats`` runs of the mean of ``inner`` calls.
+
+    ``warmup`` calls run first and are not timed (the first call pays for allocation and kernel
+    selection). ``device`` is synchronised around each run, so GPU work is timed to completion.
+    """
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    check_int("inner", inner, 1)
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / inner)
+    return best
+
+
+def saved_tensor_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the distinct tensor storages autograd saves for the backward pass while ``fn()`` runs.
+
+    This is the activation memory a training step must hold: for explicit attention it includes
+    the ``(batch, heads, q_len, k_len)`` weight matrix, which fused kernels never store.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        except RuntimeError:  # tensor subclasses without a storage
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())

@@ -1,0 +1,38 @@
+import pytest
+import torch
+
+from companion.profiling import best_time, saved_tensor_bytes, synchronize
+
+
+def test_best_time_calls_warmup_then_repeats_times_inner():
+    calls = []
+    seconds = best_time(lambda: calls.append(1), repeats=3, warmup=2, inner=4)
+    assert len(calls) == 2 + 3 * 4
+    assert 0 <= seconds < 0.1
+
+
+def test_best_time_measures_the_minimum_per_call():
+    import time
+
+    durations = iter([0.0, 0.03, 0.01, 0.02])  # the first is the warm-up
+    seconds = best_time(lambda: time.sleep(next(durations)), repeats=3)
+    assert 0.01 <= seconds < 0.02
+
+
+def test_saved_tensor_bytes_counts_what_backward_needs():
+    x = torch.randn(1000, requires_grad=True)
+    assert saved_tensor_bytes(lambda: x.exp()) == 1000 * 4  # exp saves its output
+    assert saved_tensor_bytes(lambda: x + 1) == 0  # addition saves nothing
+    with torch.no_grad():
+        assert saved_tensor_bytes(lambda: x.exp()) == 0
+    a = torch.randn(64, 32, requires_grad=True)
+    b = torch.randn(32, 16, requires_grad=True)
+    assert saved_tensor_bytes(lambda: a @ b) == (64 * 32 + 32 * 16) * 4  # matmul saves both inputs
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="repeats"):
+        best_time(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="inner"):
+        best_time(lambda: None, inner=0)
+    synchronize("cpu")  # a no-op, but must accept the CPU
