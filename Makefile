@@ -3,8 +3,10 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install -e ".[book,test]"
 NBVAL = --nbval --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout=600
+# PyTorch's and the math libraries' generic CPU kernels: another summation order, as on another CPU.
+PORTABLE_ENV = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: install book test execute clean
+.PHONY: install book test test-portable lint execute clean
 
 install:
 	$(PIP_INSTALL)
@@ -14,6 +16,13 @@ book: install
 
 test: install
 	$(PYTHON) -m pytest tests book $(NBVAL)
+
+# The notebooks again, as a machine with other CPU kernels would run them (see CONTRIBUTING.md).
+test-portable: install
+	$(PORTABLE_ENV) $(PYTHON) -m pytest book $(NBVAL)
+
+lint:
+	$(PYTHON) -m ruff check .
 
 # Re-execute notebooks in place exactly as nbval checks them: `make execute` (all) or
 # `make execute NB=book/01_why_transformers.ipynb`.

@@ -188,10 +188,14 @@ def scaled_dot_product_attention(
     # Softmax in at least float32 even under bf16/fp16 autocast: exp overflows in half precision.
     acc = torch.promote_types(scores.dtype, torch.float32)
     weights = torch.softmax(scores, dim=-1, dtype=acc).to(v.dtype)
-    if row_ok is not None:
-        weights = weights * row_ok
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return attn @ v, weights
+    out = attn @ v
+    if row_ok is not None:
+        # Zero the rows that had no allowed key on the (q_len, d_v) output, not on the
+        # (q_len, k_len) weights: a masked copy of the weights would be a second L x L matrix
+        # kept for the backward pass. The copy returned for inspection is not on that path.
+        out, weights = out * row_ok, weights * row_ok
+    return out, weights
 
 
 def fused_attention(

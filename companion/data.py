@@ -191,7 +191,7 @@ class CharVocab:
         self.stoi: dict[str, int] = {c: i for i, c in enumerate(self.itos)}
 
     @classmethod
-    def from_text(cls, text: str) -> "CharVocab":
+    def from_text(cls, text: str) -> CharVocab:
         """The vocabulary of every distinct character in ``text``."""
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty string")

@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from companion.tokenization import split_words
 from companion.utils import get_device
+from companion.utils import progress as progress_bar
 
 __all__ = [
     "corpus_words",
@@ -297,8 +297,8 @@ class Word2Vec:
             n_batches = math.ceil(len(centres) / batch_size)
             if total_steps is None:  # epochs have about the same number of pairs
                 total_steps = n_batches * epochs
-            bar = tqdm(range(n_batches), desc=f"word2vec epoch {epoch + 1}/{epochs}", disable=not progress,
-                       leave=False, mininterval=0.5)
+            bar = progress_bar(range(n_batches), enabled=progress, desc=f"word2vec epoch {epoch + 1}/{epochs}",
+                               leave=False, mininterval=0.5)
             for b in bar:
                 batch = slice(b * batch_size, (b + 1) * batch_size)
                 # Linear decay of the learning rate to zero, as word2vec does.

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from companion._validation import check_dropout, check_features, check_int
 
-
 __all__ = ["ACTIVATIONS", "FeedForward", "SwiGLU", "swiglu_hidden_size", "matching_swiglu_hidden_size"]
 
 ACTIVATIONS = ("relu", "gelu", "silu")

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 
 from companion._validation import check_features
 
-
 __all__ = ["LayerNorm", "RMSNorm", "NORMS", "make_norm"]
 
 NORMS = ("layernorm", "rmsnorm")

@@ -37,7 +37,6 @@ from torch import Tensor, nn
 
 from companion._validation import check_features, check_int, check_positive_float
 
-
 __all__ = [
     "sinusoidal_encoding",
     "SinusoidalPositionalEncoding",

@@ -86,7 +86,7 @@ class RNN(nn.Module):
         return torch.stack(outputs, dim=1), h
 
     @classmethod
-    def from_torch(cls, reference: nn.RNN) -> "RNN":
+    def from_torch(cls, reference: nn.RNN) -> RNN:
         """A copy of a single-layer, unidirectional, batch-first ``torch.nn.RNN`` with biases."""
         _check_reference(reference, nn.RNN)
         model = cls(reference.input_size, reference.hidden_size, reference.nonlinearity)
@@ -167,7 +167,7 @@ class LSTM(nn.Module):
         return torch.stack(outputs, dim=1), (h, c)
 
     @classmethod
-    def from_torch(cls, reference: nn.LSTM) -> "LSTM":
+    def from_torch(cls, reference: nn.LSTM) -> LSTM:
         """A copy of a single-layer, unidirectional, batch-first ``torch.nn.LSTM`` with biases."""
         _check_reference(reference, nn.LSTM)
         model = cls(reference.input_size, reference.hidden_size)

@@ -29,9 +29,9 @@ from typing import Any
 
 import regex
 import torch
-from tqdm.auto import tqdm
 
 from companion.data import CharVocab
+from companion.utils import progress as progress_bar
 
 __all__ = [
     "GPT2_PATTERN",
@@ -367,7 +367,7 @@ def _train_fast(
     heapq.heapify(heap)
 
     record: list[tuple[int, int]] = []
-    bar = tqdm(total=n_new, desc="BPE merges", disable=not progress, leave=False, mininterval=0.5)
+    bar = progress_bar(total=n_new, enabled=progress, desc="BPE merges", leave=False, mininterval=0.5)
     target = 256 + n_new
     while len(vocab) < target and heap:
         neg, tie_key, _, key, pos = heapq.heappop(heap)
@@ -730,7 +730,7 @@ def train_bpe_naive(
     index_of = {t: i for i, t in enumerate(tokens)}
     rank = _HF_BYTE_RANK + []
     record: list[tuple[int, int]] = []
-    bar = tqdm(total=vocab_size - 256, desc="naive BPE", disable=not progress, leave=False)
+    bar = progress_bar(total=vocab_size - 256, enabled=progress, desc="naive BPE", leave=False)
     while len(tokens) < vocab_size:
         counts: Counter[tuple[int, int]] = Counter()
         for chunk in chunks:

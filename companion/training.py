@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from companion.utils import get_device
+from companion.utils import progress as progress_bar
 
 __all__ = ["TrainHistory", "train", "evaluate", "cross_entropy_loss", "warmup_cosine_schedule"]
 
@@ -143,7 +143,7 @@ def train(
     base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
     history = TrainHistory()
 
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, mininterval=0.5)
+    bar = progress_bar(range(steps), enabled=progress, desc=desc, leave=False, mininterval=0.5)
     for step in bar:
         if lr_schedule is not None:
             for group, base in zip(optimizer.param_groups, base_lrs):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["seed_everything", "get_device", "count_parameters"]
+__all__ = ["seed_everything", "get_device", "count_parameters", "progress"]
 
 _DEVICE_ORDER = ("cuda", "mps", "cpu")
 
@@ -78,3 +80,21 @@ def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kwargs):
+    """A ``tqdm`` progress bar: a widget in Jupyter when ``ipywidgets`` is installed, text otherwise.
+
+    ``enabled=False`` hides it. The environment variable ``TQDM_DISABLE=1`` hides every bar that
+    is not forced on; the book's test runs set it, so that stored notebook outputs hold no
+    progress frames while a reader running a cell still sees the bar. Other keyword arguments go
+    to ``tqdm`` (``desc``, ``total``, ``leave``, ...).
+    """
+    with warnings.catch_warnings():
+        # tqdm.auto warns once, at import, when Jupyter lacks ipywidgets; it then falls back to
+        # text bars, which is what we want. Silence that here only, not process-wide.
+        warnings.simplefilter("ignore")
+        from tqdm.auto import tqdm
+    if not enabled:
+        kwargs["disable"] = True
+    return tqdm(iterable, **kwargs)

@@ -1,9 +1,9 @@
 """pyproject.toml and environment.yml must declare the same dependencies."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,3 +36,16 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="inner"):
         best_time(lambda: None, inner=0)
     synchronize("cpu")  # a no-op, but must accept the CPU
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_explicit_attention_keeps_one_weight_matrix_for_backward(masked):
+    """softmax(QKᵀ)V must save its (L × L) weights once, masked or not (plus q, k, v and the mask)."""
+    from companion.attention import causal_mask, scaled_dot_product_attention
+
+    b, h, L, d = 1, 2, 256, 8
+    q, k, v = (torch.randn(b, h, L, d, requires_grad=True) for _ in range(3))
+    mask = causal_mask(L) if masked else None
+    saved = saved_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v, mask)[0])
+    one_matrix = b * h * L * L * 4
+    assert one_matrix <= saved < 1.5 * one_matrix, saved / one_matrix

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from companion.tasks import (
-    CopyTask, DateTask, NumberWordsTask, ReverseTask, Seq2SeqVocab, SortTask, pad_sequences,
+    CopyTask,
+    DateTask,
+    NumberWordsTask,
+    ReverseTask,
+    Seq2SeqVocab,
+    SortTask,
+    pad_sequences,
 )
 
 TASKS = [CopyTask(), ReverseTask(), SortTask(), DateTask(), NumberWordsTask()]

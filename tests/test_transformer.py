@@ -6,7 +6,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from companion.models.transformer import (
-    Transformer, beam_search, greedy_decode, length_penalty, teacher_forcing_loss,
+    Transformer,
+    beam_search,
+    greedy_decode,
+    length_penalty,
+    teacher_forcing_loss,
 )
 from companion.positional import sinusoidal_encoding
 from tests.test_blocks import _copy_decoder_layer, _copy_encoder_layer, _perturb_norms

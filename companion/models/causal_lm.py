@@ -27,7 +27,6 @@ normalisation (``norm``) and feed-forward (``ffn``) choices of Chapters 7 and 8 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from companion.blocks import EncoderLayer

@@ -1,0 +1,114 @@
+"""The claims ledger (book/claims.yml) is well formed, cites real works and links to real sections.
+
+Appendix A renders this file; these checks keep it an instrument a reader can trust: every claim
+names the works that make it (keys of book/references.bib), links to the labelled section of the
+chapter that measures it, and a verdict that rests on training has enough seeds behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+VERDICTS = ("holds", "holds partly", "does not hold at this scale")
+CLAIM_FIELDS = {"chapter", "claim", "sources", "ref", "verdict", "scale", "seeds", "note"}
+CHECK_FIELDS = {"chapter", "check", "sources", "ref", "note"}
+MIN_SEEDS_FOR_HOLDS = 3
+
+
+def bib_keys(text: str) -> set[str]:
+    return set(re.findall(r"^@\w+\{([^,\s]+),", text, flags=re.MULTILINE))
+
+
+def notebook_labels(path: Path) -> set[str]:
+    """MyST targets ``(label)=`` on their own line in the notebook's markdown cells."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return set(re.findall(r"^\(([\w-]+)\)=\s*$", text, flags=re.MULTILINE))
+
+
+def ledger_problems(ledger: dict, keys: set[str], labels: dict[str, set[str]]) -> list[str]:
+    """Every problem of a parsed ledger, as readable lines (empty when it is sound)."""
+    problems = []
+    if set(ledger) != {"claims", "checks"}:
+        return [f"the ledger must have exactly the sections 'claims' and 'checks', got {sorted(ledger)}"]
+    for section, fields in (("claims", CLAIM_FIELDS), ("checks", CHECK_FIELDS)):
+        for i, entry in enumerate(ledger[section]):
+            where = f"{section}[{i}] ({entry.get('chapter')}: {str(entry.get('claim', entry.get('check')))[:50]})"
+            if set(entry) != fields:
+                problems.append(f"{where}: fields {sorted(entry)}, expected {sorted(fields)}")
+                continue
+            if entry["chapter"] not in labels:
+                problems.append(f"{where}: no notebook book/{entry['chapter']}.ipynb")
+            elif entry["ref"] not in labels[entry["chapter"]]:
+                problems.append(f"{where}: label ({entry['ref']})= not found in book/{entry['chapter']}.ipynb")
+            sources = entry["sources"]
+            if not isinstance(sources, list) or not sources:
+                problems.append(f"{where}: sources must be a non-empty list of bib keys")
+            else:
+                problems += [f"{where}: unknown bib key {key!r}" for key in sources if key not in keys]
+            if section == "claims":
+                verdict, seeds = entry["verdict"], entry["seeds"]
+                if verdict not in VERDICTS:
+                    problems.append(f"{where}: verdict {verdict!r} not in {VERDICTS}")
+                if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 0:
+                    problems.append(f"{where}: seeds must be an int >= 0, got {seeds!r}")
+                elif 0 < seeds < MIN_SEEDS_FOR_HOLDS and verdict == "holds":
+                    problems.append(f"{where}: 'holds' on {seeds} seed(s); training verdicts need "
+                                    f"{MIN_SEEDS_FOR_HOLDS} (else at most 'holds partly')")
+                if not str(entry["scale"]).strip():
+                    problems.append(f"{where}: say the scale it was measured at")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def ledger() -> dict:
+    return yaml.safe_load((BOOK / "claims.yml").read_text(encoding="utf-8"))
+
+
+def test_the_ledger_is_sound(ledger):
+    keys = bib_keys((BOOK / "references.bib").read_text(encoding="utf-8"))
+    labels = {p.stem: notebook_labels(p) for p in BOOK.glob("*.ipynb")}
+    assert ledger_problems(ledger, keys, labels) == []
+
+
+def test_every_chapter_with_a_claim_is_in_the_book(ledger):
+    toc = (BOOK.parent / "_toc.yml").read_text(encoding="utf-8")
+    chapters = {e["chapter"] for e in ledger["claims"] + ledger["checks"]}
+    assert {c for c in chapters if f"book/{c}" not in toc} == set()
+
+
+def test_bib_entries_have_an_identifier():
+    """Each work can be found: a DOI, an arXiv id or a URL."""
+    text = (BOOK / "references.bib").read_text(encoding="utf-8")
+    entries = re.findall(r"^@\w+\{([^,\s]+),(.*?)^\}", text, flags=re.MULTILINE | re.DOTALL)
+    missing = [key for key, body in entries if not re.search(r"^\s*(doi|eprint|url)\s*=", body, re.MULTILINE)]
+    assert len(entries) == len(bib_keys(text))
+    assert missing == [], f"entries without doi, eprint or url: {missing}"
+
+
+def test_the_checks_can_fail():
+    """The validator rejects each kind of defect it is meant to catch."""
+    good = {"chapter": "c", "claim": "x", "sources": ["k"], "ref": "lbl", "verdict": "holds", "scale": "toy",
+            "seeds": 3, "note": "n"}
+    labels, keys = {"c": {"lbl"}}, {"k"}
+    assert ledger_problems({"claims": [good], "checks": []}, keys, labels) == []
+    for change, message in [
+        ({"sources": ["nope"]}, "unknown bib key"),
+        ({"sources": []}, "non-empty list"),
+        ({"ref": "missing"}, "not found"),
+        ({"chapter": "other"}, "no notebook"),
+        ({"verdict": "true"}, "not in"),
+        ({"seeds": 1}, "'holds' on 1 seed"),
+        ({"scale": " "}, "scale"),
+    ]:
+        problems = ledger_problems({"claims": [{**good, **change}], "checks": []}, keys, labels)
+        assert len(problems) == 1 and message in problems[0], (change, problems)
+    assert ledger_problems({"claims": [{**good, "seeds": 1, "verdict": "holds partly"}], "checks": []}, keys,
+                           labels) == []
+    assert "fields" in ledger_problems({"claims": [{**good, "seed": "000 §1"}], "checks": []}, keys, labels)[0]
