@@ -1,20 +1,20 @@
-"""Encoder and decoder layers, and the stacks built from them (Vaswani et al., 2017, §3.1).
+"""The Transformer block, and the stack of blocks every model family is built from.
 
-An encoder layer is two sub-layers, each wrapped in a residual connection and a normalisation::
+A :class:`Block` is self-attention, optionally cross-attention (its keys and values are the
+encoder output, the "memory"), then the position-wise FFN; each is a residual sub-layer with a
+normalisation (Vaswani et al., 2017, §3.1)::
 
-    post-norm (the paper):  x = Norm(x + Dropout(SelfAttn(x)));   x = Norm(x + Dropout(FFN(x)))
-    pre-norm  (GPT-2 on):   x = x + Dropout(SelfAttn(Norm(x)));   x = x + Dropout(FFN(Norm(x)))
+    post-norm (the paper, BERT):  x = Norm(x + Dropout(f(x)))
+    pre-norm  (GPT-2 on, T5):     x = x + Dropout(f(Norm(x)))
 
-A decoder layer has three: masked (causal) self-attention, cross-attention whose keys and values
-are the encoder output ("memory"), and the FFN. In pre-norm the residual stream is never
-normalised, so the stacks end with one final norm; post-norm stacks need none (the last layer
-already normalised), but ``final_norm=True`` adds one, as ``torch.nn.Transformer`` does.
+One block serves all three families: an encoder layer is a non-causal block, a decoder layer of
+an encoder-decoder is a causal block with cross-attention, and a GPT block is a causal block
+without it. A :class:`Stack` holds ``n`` blocks, the position scheme they share
+(:class:`companion.positional.Positions`, built once per stack) and, for pre-norm, the final norm
+(in pre-norm the residual stream itself is never normalised).
 
-Every choice the chapters compare is an argument: ``norm_position`` ("pre" | "post"), ``norm``
-("layernorm" | "rmsnorm"), ``ffn`` ("relu" | "gelu" | "swiglu"), ``residual`` (False removes the
-skip connections, for Chapter 8's gradient experiment) and, at the stack level, a relative
-``position`` scheme applied inside attention ("none" | "rope" | "alibi"; absolute schemes are
-added to the embeddings by the model, see :mod:`companion.models.transformer`).
+Every choice comes from one :class:`~companion.config.ModelConfig`: ``norm_position``, ``norm``,
+``ffn``, ``position``, ``residual`` (False removes the skip connections, for Chapter 8).
 
 Shapes: ``x`` / ``memory`` ``(batch, seq, d_model)``; masks are bool, True = may attend,
 broadcastable to ``(batch, heads, q_len, k_len)`` (:mod:`companion.attention`).
@@ -24,240 +24,149 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
-from companion._validation import check_choice, check_int
-from companion.attention import MultiHeadAttention
-from companion.feedforward import ACTIVATIONS, FeedForward, SwiGLU
-from companion.normalization import NORMS, make_norm
-from companion.positional import RotaryEmbedding, alibi_bias
+from companion.attention import KVCache, MultiHeadAttention
+from companion.config import ModelConfig
+from companion.feedforward import make_ffn
+from companion.normalization import make_norm
+from companion.positional import Positions, RotaryEmbedding
 
-__all__ = ["NORM_POSITIONS", "FFN_KINDS", "STACK_POSITIONS", "make_ffn", "EncoderLayer", "DecoderLayer",
-           "TransformerEncoder", "TransformerDecoder"]
-
-NORM_POSITIONS = ("pre", "post")
-FFN_KINDS = (*ACTIVATIONS, "swiglu")
-STACK_POSITIONS = ("none", "rope", "alibi")
+__all__ = ["Block", "Stack"]
 
 
+def _norm(config: ModelConfig) -> nn.Module:
+    return make_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
 
 
+def _attention(config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding | None) -> MultiHeadAttention:
+    return MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, config.dropout, config.bias,
+                              head_dim=config.head_dim, scale=config.attention_scale, rotary=rotary,
+                              layer_idx=layer_idx)
 
 
-def make_ffn(kind: str, d_model: int, d_ff: int, dropout: float = 0.0) -> nn.Module:
-    """A position-wise FFN: ``FeedForward(d_model, d_ff, kind)`` or, for ``"swiglu"``, ``SwiGLU(d_model, d_ff)``.
-
-    ``d_ff`` is used as given for every kind; pass
-    :func:`companion.feedforward.matching_swiglu_hidden_size` for a SwiGLU of equal size.
-    """
-    check_choice("ffn", kind, FFN_KINDS)
-    if kind == "swiglu":
-        return SwiGLU(d_model, d_ff, dropout=dropout)
-    return FeedForward(d_model, d_ff, kind, dropout=dropout)
-
-
-class _Sublayer(nn.Module):
-    """A residual sub-layer: ``Norm(x + Drop(f(x)))`` (post) or ``x + Drop(f(Norm(x)))`` (pre)."""
-
-    def __init__(self, d_model: int, norm: str, norm_position: str, dropout: float, residual: bool) -> None:
-        super().__init__()
-        self.norm = make_norm(norm, d_model)
-        self.pre = norm_position == "pre"
-        self.residual = residual
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
-        # f is the sub-layer, (batch, seq, d_model) -> (batch, seq, d_model)
-        if self.pre:
-            y = self.drop(f(self.norm(x)))
-            return x + y if self.residual else y
-        y = self.drop(f(x))
-        return self.norm(x + y if self.residual else y)
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each with a residual connection and a norm (Vaswani et al., 2017, §3.1).
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, FFN: each a residual sub-layer with a norm.
 
     Args:
-        d_model, n_heads: width and attention heads.
-        d_ff: FFN hidden width.
-        dropout: on the attention weights, inside the FFN, and on each sub-layer output before
-            the residual sum (the paper's "residual dropout", P_drop = 0.1).
-        norm_position: ``"post"`` (the paper) or ``"pre"``.
-        norm: ``"layernorm"`` or ``"rmsnorm"``.
-        ffn: ``"relu"``, ``"gelu"``, ``"silu"`` or ``"swiglu"``.
-        residual: keep the skip connections (False only for experiments).
-        rotary: optional RoPE hook for the self-attention.
-        n_kv_heads: key/value heads (GQA/MQA); default ``n_heads``.
+        config: the model's :class:`~companion.config.ModelConfig`.
+        cross_attention: add cross-attention to ``memory`` (the decoder of an encoder-decoder).
+        layer_idx: this block's slot in a :class:`~companion.attention.KVCache`.
+        rotary: the stack's RoPE hook (``Positions.rotary``), or None.
+
+    After a call with ``need_weights=True`` the attention weights ``(batch, heads, q_len,
+    k_len)`` are in :attr:`self_weights` and :attr:`cross_weights`.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, *, norm_position: str = "post",
-                 norm: str = "layernorm", ffn: str = "relu", residual: bool = True,
-                 rotary: RotaryEmbedding | None = None, n_kv_heads: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, cross_attention: bool = False, layer_idx: int = 0,
+                 rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
-        check_choice("norm_position", norm_position, NORM_POSITIONS)
-        check_choice("norm", norm, NORMS)
-        self.d_model, self.norm_position = check_int("d_model", d_model), norm_position
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout, rotary=rotary)
-        self.ffn = make_ffn(ffn, d_model, d_ff, dropout)
-        self.attn_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
-        self.ffn_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
-
-    def extra_repr(self) -> str:
-        return f"norm_position={self.norm_position!r}"
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
-                causal: bool = False) -> Tensor:
-        """``x`` ``(batch, src_len, d_model)`` -> same shape.
-
-        ``mask``: bool, True = may attend, e.g. :func:`companion.attention.padding_mask` of the
-        source ``(batch, 1, 1, src_len)``. ``bias``: additive score bias (ALiBi, T5).
-        ``causal=True`` makes each position attend only to itself and earlier ones, which turns
-        the layer into a decoder-only (GPT) block (see :mod:`companion.models.causal_lm`).
-        """
-        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, bias=bias, causal=causal)[0])
-        return self.ffn_block(x, self.ffn)
-
-
-class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention to the encoder output, then FFN (Vaswani et al., 2017, §3.1).
-
-    Same arguments as :class:`EncoderLayer`. The self-attention is causal (position ``t`` sees
-    target positions ``<= t``); the cross-attention takes its queries from the decoder and its
-    keys and values from ``memory``, the encoder output.
-
-    After a call with ``need_weights=True`` the cross-attention weights
-    ``(batch, heads, tgt_len, src_len)`` are in :attr:`cross_weights`.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, *, norm_position: str = "post",
-                 norm: str = "layernorm", ffn: str = "relu", residual: bool = True,
-                 rotary: RotaryEmbedding | None = None, n_kv_heads: int | None = None) -> None:
-        super().__init__()
-        check_choice("norm_position", norm_position, NORM_POSITIONS)
-        check_choice("norm", norm, NORMS)
-        self.d_model, self.norm_position = check_int("d_model", d_model), norm_position
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout, rotary=rotary)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout=dropout)
-        self.ffn = make_ffn(ffn, d_model, d_ff, dropout)
-        self.self_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
-        self.cross_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
-        self.ffn_block = _Sublayer(d_model, norm, norm_position, dropout, residual)
+        self.pre, self.residual = config.norm_position == "pre", config.residual
+        self.self_attn = _attention(config, layer_idx, rotary)
+        self.self_norm = _norm(config)
+        self.cross_attn = _attention(config, layer_idx, None) if cross_attention else None
+        self.cross_norm = _norm(config) if cross_attention else None
+        self.ffn = make_ffn(config)
+        self.ffn_norm = _norm(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.self_weights: Tensor | None = None
         self.cross_weights: Tensor | None = None
 
     def extra_repr(self) -> str:
-        return f"norm_position={self.norm_position!r}"
+        return f"norm_position={'pre' if self.pre else 'post'!r}, residual={self.residual}"
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                self_bias: Tensor | None = None, need_weights: bool = False) -> Tensor:
-        """``x`` ``(batch, tgt_len, d_model)``, ``memory`` ``(batch, src_len, d_model)`` -> ``(batch, tgt_len, d_model)``.
+    def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
+        """``x + Drop(f(Norm(x)))`` (pre-norm) or ``Norm(x + Drop(f(x)))`` (post-norm); no ``x +`` without residuals."""
+        if self.pre:
+            y = self.drop(f(norm(x)))
+            return x + y if self.residual else y
+        y = self.drop(f(x))
+        return norm(x + y if self.residual else y)
 
-        ``self_mask``: extra bool mask for the self-attention (e.g. target padding), combined with
-        the causal mask. ``memory_mask``: bool mask on the source keys (source padding).
-        ``self_bias``: additive score bias for the self-attention (causal ALiBi).
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None, causal: bool = False,
+                positions: Tensor | None = None, cache: KVCache | None = None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, cross_cache: KVCache | None = None,
+                need_weights: bool = False) -> Tensor:
+        """``x`` ``(batch, seq, d_model)`` -> same shape.
+
+        Args:
+            mask: bool mask of the self-attention (padding), combined with the causal one.
+            bias: additive score bias of the self-attention (ALiBi, T5), ``(heads, q_len, k_len)``.
+            causal: each position sees itself and the past only (decoders).
+            positions: absolute positions of the tokens, for RoPE.
+            cache: the self-attention :class:`~companion.attention.KVCache` (decoding).
+            memory: the encoder output ``(batch, src_len, d_model)``, for cross-attention.
+            memory_mask: bool mask over the memory's positions (source padding).
+            cross_cache: a cache for the cross-attention's keys and values (computed once).
+            need_weights: keep the attention weights (takes the explicit attention path).
         """
-        if memory.shape[0] != x.shape[0]:
-            raise ValueError(f"memory batch size {memory.shape[0]} (shape {tuple(memory.shape)}) differs from the "
-                             f"target batch size {x.shape[0]} (shape {tuple(x.shape)})")
-        x = self.self_block(x, lambda h: self.self_attn(h, mask=self_mask, bias=self_bias, causal=True)[0])
 
-        def cross(h: Tensor) -> Tensor:
-            out, self.cross_weights = self.cross_attn(h, context=memory, mask=memory_mask, need_weights=need_weights)
+        def self_attention(h: Tensor) -> Tensor:
+            out, self.self_weights = self.self_attn(h, mask=mask, bias=bias, cache=cache, need_weights=need_weights,
+                                                    causal=causal, positions=positions)
             return out
 
-        x = self.cross_block(x, cross)
-        return self.ffn_block(x, self.ffn)
+        x = self.sublayer(x, self.self_norm, self_attention)
+        if self.cross_attn is not None:
+            if memory is None:
+                raise ValueError("this block has cross-attention: pass memory= (the encoder output)")
+
+            def cross_attention(h: Tensor) -> Tensor:
+                out, self.cross_weights = self.cross_attn(h, context=memory, mask=memory_mask, cache=cross_cache,
+                                                          need_weights=need_weights)
+                return out
+
+            x = self.sublayer(x, self.cross_norm, cross_attention)
+        return self.sublayer(x, self.ffn_norm, self.ffn)
 
 
-class _Stack(nn.Module):
-    def __init__(self, layer_cls, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float,
-                 norm_position: str, norm: str, ffn: str, position: str, residual: bool, final_norm: bool | None,
-                 n_kv_heads: int | None) -> None:
-        super().__init__()
-        check_int("n_layers", n_layers)
-        check_choice("norm_position", norm_position, NORM_POSITIONS)
-        check_choice("norm", norm, NORMS)
-        check_choice("position", position, STACK_POSITIONS)
-        check_int("d_model", d_model)
-        check_int("n_heads", n_heads)
-        if d_model % n_heads:
-            raise ValueError(f"d_model must be divisible by n_heads, got d_model={d_model}, n_heads={n_heads}")
-        self.position, self.n_heads, self.norm_position = position, n_heads, norm_position
-        rotary = RotaryEmbedding(d_model // n_heads) if position == "rope" else None
-        self.layers = nn.ModuleList(
-            layer_cls(d_model, n_heads, d_ff, dropout, norm_position=norm_position, norm=norm, ffn=ffn,
-                      residual=residual, rotary=rotary, n_kv_heads=n_kv_heads)
-            for _ in range(n_layers)
-        )
-        final_norm = norm_position == "pre" if final_norm is None else final_norm
-        self.norm = make_norm(norm, d_model) if final_norm else None
+class Stack(nn.Module):
+    """``n_layers`` :class:`Block` s sharing one position scheme, plus the final norm of pre-norm stacks.
 
-    def _check_x(self, name: str, x: object) -> Tensor:
-        d_model = self.layers[0].d_model
-        if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a float tensor of shape (batch, seq, d_model={d_model}), got {got}")
-        return x
-
-
-class TransformerEncoder(_Stack):
-    """``n_layers`` :class:`EncoderLayer` s, plus a final norm for pre-norm stacks.
+    The stack adds absolute positions to its input (if the scheme has them), applies the
+    embedding dropout, runs the blocks and the final norm. Positions continue from the cache:
+    with ``t`` tokens cached, the new tokens are at ``t, t + 1, …``.
 
     Args:
-        n_layers: depth (6 in the paper). Other arguments: see :class:`EncoderLayer`.
-        position: relative position scheme inside attention: ``"none"`` (positions, if any,
-            were added to the input), ``"rope"`` or ``"alibi"`` (symmetric, non-causal).
-        final_norm: add a norm after the last layer; default True for pre-norm, False for post-norm.
+        config: the model's :class:`~companion.config.ModelConfig`.
+        n_layers: blocks in this stack.
+        causal: a decoder stack (causal self-attention, causal ALiBi/T5 biases).
+        cross_attention: its blocks attend to an encoder's output.
     """
 
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 norm_position: str = "post", norm: str = "layernorm", ffn: str = "relu", position: str = "none",
-                 residual: bool = True, final_norm: bool | None = None, n_kv_heads: int | None = None) -> None:
-        super().__init__(EncoderLayer, n_layers, d_model, n_heads, d_ff, dropout, norm_position, norm, ffn, position,
-                         residual, final_norm, n_kv_heads)
+    def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.causal = causal
+        self.positions = Positions(config, causal=causal)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            Block(config, cross_attention=cross_attention, layer_idx=i, rotary=self.positions.rotary)
+            for i in range(n_layers)
+        )
+        self.norm = _norm(config) if config.resolved_final_norm else None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``x`` ``(batch, src_len, d_model)`` -> memory ``(batch, src_len, d_model)``; ``mask`` as in :class:`EncoderLayer`."""
-        self._check_x("x", x)
-        bias = None
-        if self.position == "alibi":
-            bias = alibi_bias(self.n_heads, x.shape[1], causal=False, device=x.device, dtype=x.dtype)
-        for layer in self.layers:
-            x = layer(x, mask=mask, bias=bias)
-        return x if self.norm is None else self.norm(x)
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: KVCache | None = None, memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cross_cache: KVCache | None = None, need_weights: bool = False) -> Tensor:
+        """Embedded tokens ``x`` ``(batch, seq, d_model)`` -> hidden states, same shape.
 
-
-class TransformerDecoder(_Stack):
-    """``n_layers`` :class:`DecoderLayer` s, plus a final norm for pre-norm stacks.
-
-    Arguments as :class:`TransformerEncoder`; ``"alibi"`` here is the causal variant.
-    """
-
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 norm_position: str = "post", norm: str = "layernorm", ffn: str = "relu", position: str = "none",
-                 residual: bool = True, final_norm: bool | None = None, n_kv_heads: int | None = None) -> None:
-        super().__init__(DecoderLayer, n_layers, d_model, n_heads, d_ff, dropout, norm_position, norm, ffn, position,
-                         residual, final_norm, n_kv_heads)
-
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                need_weights: bool = False) -> Tensor:
-        """``x`` ``(batch, tgt_len, d_model)`` attending to ``memory`` ``(batch, src_len, d_model)`` -> ``(batch, tgt_len, d_model)``.
-
-        With ``need_weights=True`` every layer keeps its cross-attention weights in
-        ``layer.cross_weights`` (see :meth:`cross_attention_weights`).
+        ``positions`` ``(seq,)`` or ``(batch, seq)`` default to ``past + arange(seq)``; the other
+        arguments are passed to every :class:`Block`.
         """
-        self._check_x("x", x)
-        self._check_x("memory", memory)
-        if memory.shape[0] != x.shape[0]:
-            raise ValueError(f"memory batch size {memory.shape[0]} differs from the target batch size {x.shape[0]}")
-        bias = None
-        if self.position == "alibi":
-            bias = alibi_bias(self.n_heads, x.shape[1], causal=True, device=x.device, dtype=x.dtype)
+        past = cache.seq_len() if cache is not None else 0
+        seq = x.shape[1]
+        if positions is None:
+            positions = torch.arange(past, past + seq, device=x.device)
+        x = self.drop(self.positions.add(x, positions))
+        bias = self.positions.bias(seq, past + seq, device=x.device, dtype=x.dtype)
         for layer in self.layers:
-            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, self_bias=bias,
-                      need_weights=need_weights)
+            x = layer(x, mask=mask, bias=bias, causal=self.causal, positions=positions, cache=cache, memory=memory,
+                      memory_mask=memory_mask, cross_cache=cross_cache, need_weights=need_weights)
         return x if self.norm is None else self.norm(x)
 
-    def cross_attention_weights(self) -> list[Tensor | None]:
-        """Per layer, the cross-attention weights ``(batch, heads, tgt_len, src_len)`` of the last call with ``need_weights=True``."""
-        return [layer.cross_weights for layer in self.layers]
+    def attention_weights(self, kind: str = "self") -> list[Tensor | None]:
+        """Per block, the ``"self"`` or ``"cross"`` attention weights of the last ``need_weights=True`` call."""
+        if kind not in ("self", "cross"):
+            raise ValueError(f"kind must be 'self' or 'cross', got {kind!r}")
+        return [layer.self_weights if kind == "self" else layer.cross_weights for layer in self.layers]

@@ -23,9 +23,27 @@ from torch import Tensor, nn
 
 from companion._validation import check_dropout, check_features, check_int
 
-__all__ = ["ACTIVATIONS", "FeedForward", "SwiGLU", "swiglu_hidden_size", "matching_swiglu_hidden_size"]
+__all__ = ["ACTIVATIONS", "activation", "FeedForward", "GatedFeedForward", "SwiGLU", "make_ffn", "swiglu_hidden_size",
+           "matching_swiglu_hidden_size"]
 
-ACTIVATIONS = ("relu", "gelu", "silu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+def activation(name: str, h: Tensor) -> Tensor:
+    """Apply the non-linearity ``name`` (one of :data:`ACTIVATIONS`) element-wise.
+
+    ``"gelu"`` is the exact ``z·Φ(z)`` (BERT); ``"gelu_tanh"`` its tanh approximation (GPT-2's
+    ``gelu_new``, T5 v1.1); ``"silu"`` is Swish with β = 1.
+    """
+    if name == "relu":
+        return F.relu(h)
+    if name == "gelu":
+        return F.gelu(h)
+    if name == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    if name == "silu":
+        return F.silu(h)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
 
@@ -48,7 +66,7 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 8) -> int:
 
 
 def matching_swiglu_hidden_size(d_model: int, d_ff: int, bias: bool = False) -> int:
-    """Hidden width of a :class:`SwiGLU` with (as nearly as possible) the parameters of a ``FeedForward(d_model, d_ff)``.
+    """Hidden width of a :class:`SwiGLU` with about the parameters of a ``FeedForward(d_model, d_ff)``.
 
     A ReLU FFN has ``2 · d_model · d_ff`` weights (+ ``d_ff + d_model`` biases); a SwiGLU of
     width ``h`` has ``3 · d_model · h`` (+ ``2h + d_model`` biases). Solving for ``h`` and
@@ -69,15 +87,16 @@ class FeedForward(nn.Module):
     Args:
         d_model: input and output width.
         d_ff: hidden width (2048 = 4 · 512 in the paper).
-        activation: ``"relu"`` (the paper), ``"gelu"`` (BERT, GPT; the exact erf form) or
-            ``"silu"`` (Swish with β = 1).
+        activation: ``"relu"`` (the paper), ``"gelu"`` (BERT; the exact erf form),
+            ``"gelu_tanh"`` (GPT-2's tanh approximation) or ``"silu"`` (Swish with β = 1).
         dropout: dropout on the hidden activations (training mode only).
         bias: whether both Linear layers have biases.
 
     ``forward(x)``: ``(..., d_model)`` -> ``(..., d_model)``; every position independently.
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
+                 bias: bool = True) -> None:
         super().__init__()
         check_int("d_model", d_model)
         check_int("d_ff", d_ff)
@@ -93,11 +112,7 @@ class FeedForward(nn.Module):
 
     def act(self, h: Tensor) -> Tensor:
         """The non-linearity, applied element-wise to the hidden pre-activations ``(..., d_ff)``."""
-        if self.activation == "relu":
-            return F.relu(h)
-        if self.activation == "gelu":
-            return F.gelu(h)
-        return F.silu(h)
+        return activation(self.activation, h)
 
     def hidden(self, x: Tensor) -> Tensor:
         """The hidden activations ``act(x W_1 + b_1)``, ``(..., d_ff)`` (the memory "key" matches)."""
@@ -108,34 +123,66 @@ class FeedForward(nn.Module):
         return self.w2(self.dropout(self.hidden(x)))
 
 
-class SwiGLU(nn.Module):
-    """Swish-gated FFN ``(Swish(x W_gate) ⊙ x W_in) W_out`` (Shazeer, 2020, eq. 6; LLaMA's MLP).
+class GatedFeedForward(nn.Module):
+    """A gated FFN ``(act(x W_gate) ⊙ x W_in) W_out`` (Shazeer, 2020): SwiGLU with Swish, GEGLU with GELU.
 
     Args:
         d_model: input and output width.
         d_ff: hidden width; default :func:`swiglu_hidden_size` (``8/3 · d_model`` rounded up to a
             multiple of ``multiple_of``), which matches the parameters of a ``4 · d_model`` FFN.
+        activation: the gate's non-linearity, one of :data:`ACTIVATIONS` (``"silu"``: SwiGLU,
+            LLaMA's MLP; ``"gelu_tanh"``: GEGLU, T5 v1.1).
         multiple_of: rounding of the default width.
         dropout: dropout on the gated hidden activations.
-        bias: biases on the three projections (LLaMA: none).
+        bias: biases on the three projections (LLaMA, T5: none).
     """
 
-    def __init__(self, d_model: int, d_ff: int | None = None, *, multiple_of: int = 8, dropout: float = 0.0,
-                 bias: bool = False) -> None:
+    def __init__(self, d_model: int, d_ff: int | None = None, *, activation: str = "silu", multiple_of: int = 8,
+                 dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
         check_int("d_model", d_model)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         d_ff = swiglu_hidden_size(d_model, multiple_of) if d_ff is None else check_int("d_ff", d_ff)
-        self.d_model, self.d_ff = d_model, d_ff
+        self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w_gate = nn.Linear(d_model, d_ff, bias=bias)
         self.w_in = nn.Linear(d_model, d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(check_dropout(dropout))
 
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
     def hidden(self, x: Tensor) -> Tensor:
-        """The gated hidden activations ``Swish(x W_gate) ⊙ x W_in``, ``(..., d_ff)``."""
+        """The gated hidden activations ``act(x W_gate) ⊙ x W_in``, ``(..., d_ff)``."""
         check_features(x, self.d_model)
-        return F.silu(self.w_gate(x)) * self.w_in(x)
+        return activation(self.activation, self.w_gate(x)) * self.w_in(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., d_model)`` -> ``(..., d_model)``."""
         return self.w_out(self.dropout(self.hidden(x)))
+
+
+class SwiGLU(GatedFeedForward):
+    """Swish-gated FFN ``(Swish(x W_gate) ⊙ x W_in) W_out`` (Shazeer, 2020, eq. 6; LLaMA's MLP).
+
+    A :class:`GatedFeedForward` with ``activation="silu"``; same arguments otherwise.
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, *, multiple_of: int = 8, dropout: float = 0.0,
+                 bias: bool = False) -> None:
+        super().__init__(d_model, d_ff, activation="silu", multiple_of=multiple_of, dropout=dropout, bias=bias)
+
+
+def make_ffn(config) -> nn.Module:
+    """The feed-forward network a :class:`~companion.config.ModelConfig` asks for.
+
+    ``config.ffn`` names it: a plain :class:`FeedForward` with that activation, or a gated one
+    (``"swiglu"``, ``"geglu"``), of hidden width ``config.resolved_d_ff``.
+    """
+    d_ff = config.resolved_d_ff
+    if config.ffn == "swiglu":
+        return SwiGLU(config.d_model, d_ff, dropout=config.dropout, bias=config.bias)
+    if config.ffn == "geglu":
+        return GatedFeedForward(config.d_model, d_ff, activation="gelu_tanh", dropout=config.dropout, bias=config.bias)
+    return FeedForward(config.d_model, d_ff, config.ffn, dropout=config.dropout, bias=config.bias)

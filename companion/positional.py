@@ -47,6 +47,7 @@ __all__ = [
     "alibi_bias",
     "t5_relative_position_bucket",
     "T5RelativePositionBias",
+    "Positions",
 ]
 
 
@@ -62,7 +63,8 @@ __all__ = [
 def _check_even(name: str, value: object) -> int:
     check_int(name, value, 2)
     if value % 2:
-        raise ValueError(f"{name} must be even (features are used in pairs of sine/cosine or of a rotation), got {value}")
+        raise ValueError(f"{name} must be even (features are used in pairs of sine/cosine or of a rotation), "
+                         f"got {value}")
     return value
 
 
@@ -72,7 +74,8 @@ def _default_positions(positions: Tensor | None, batch: int, seq: int, device: t
     """``positions`` checked to be ``(seq,)`` or ``(batch, seq)``; ``arange(seq)`` when None."""
     if positions is None:
         return torch.arange(seq, device=device)
-    if not isinstance(positions, Tensor) or (positions.is_floating_point() and not allow_float) or positions.is_complex():
+    if (not isinstance(positions, Tensor) or (positions.is_floating_point() and not allow_float)
+            or positions.is_complex()):
         got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
         kind = "a real-valued" if allow_float else "an integer"
         raise TypeError(f"positions must be {kind} torch.Tensor, got {got}")
@@ -134,7 +137,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = _check_even("d_model", d_model)
         self.base = check_positive_float("base", base)
-        self.register_buffer("pe", sinusoidal_encoding(check_int("max_len", max_len, 1), d_model, base), persistent=False)
+        table = sinusoidal_encoding(check_int("max_len", max_len, 1), d_model, base)
+        self.register_buffer("pe", table, persistent=False)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base:g}"
@@ -154,7 +158,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.pe.shape[0]:  # grow the table: a formula has no length limit
-            self.pe = sinusoidal_encoding(max(needed, 2 * self.pe.shape[0]), self.d_model, self.base, device=self.pe.device)
+            rows = max(needed, 2 * self.pe.shape[0])
+            self.pe = sinusoidal_encoding(rows, self.d_model, self.base, device=self.pe.device)
         return x + self.pe[positions].to(device=x.device, dtype=x.dtype)
 
 
@@ -392,7 +397,8 @@ def t5_relative_position_bucket(relative_position: Tensor, bidirectional: bool =
     Returns:
         LongTensor of the same shape, values in ``[0, num_buckets)``.
     """
-    if not isinstance(relative_position, Tensor) or relative_position.is_floating_point() or relative_position.is_complex():
+    if (not isinstance(relative_position, Tensor) or relative_position.is_floating_point()
+            or relative_position.is_complex()):
         got = relative_position.dtype if isinstance(relative_position, Tensor) else type(relative_position).__name__
         raise TypeError(f"relative_position must be an integer torch.Tensor, got {got}")
     if not isinstance(bidirectional, bool):
@@ -429,7 +435,8 @@ class T5RelativePositionBias(nn.Module):
             (T5: 32, 128; bidirectional in the encoder, not in the decoder).
     """
 
-    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True) -> None:
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128,
+                 bidirectional: bool = True) -> None:
         super().__init__()
         self.n_heads = check_int("n_heads", n_heads, 1)
         # validates num_buckets, max_distance and bidirectional together
@@ -454,3 +461,59 @@ class T5RelativePositionBias(nn.Module):
     def forward(self, q_len: int, k_len: int | None = None) -> Tensor:
         """The bias ``(n_heads, q_len, k_len)`` for ``q_len`` queries and ``k_len`` keys."""
         return self.relative_attention_bias(self.buckets(q_len, k_len)).permute(2, 0, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# One model, one scheme: the positions of a stack, built once from its configuration.
+# --------------------------------------------------------------------------------------------
+
+
+class Positions(nn.Module):
+    """Where positional information enters a stack of blocks, chosen once from ``config.position``.
+
+    * ``"learned"`` / ``"sinusoidal"``: :meth:`add` adds the position vectors to the embeddings;
+    * ``"rope"``: :attr:`rotary` is the hook every attention layer applies to its queries and keys;
+    * ``"alibi"`` / ``"t5"``: :meth:`bias` is the score bias every layer adds (computed once per
+      forward and shared by the layers, as T5 does; ALiBi's is a formula);
+    * ``"none"``: nothing (in a causal stack the mask alone still leaks some order).
+
+    Args:
+        config: a :class:`~companion.config.ModelConfig`.
+        causal: the stack's attention is causal (a decoder): ALiBi masks the future, T5 uses
+            one-sided buckets.
+    """
+
+    def __init__(self, config, *, causal: bool) -> None:
+        super().__init__()
+        self.kind, self.causal, self.n_heads = config.position, causal, config.n_heads
+        self.table: nn.Module | None = None
+        self.rotary: RotaryEmbedding | None = None
+        self.t5: T5RelativePositionBias | None = None
+        if self.kind == "learned":
+            self.table = LearnedPositionalEmbedding(config.max_len, config.d_model)
+        elif self.kind == "sinusoidal":
+            self.table = SinusoidalPositionalEncoding(config.d_model, config.max_len)
+        elif self.kind == "rope":
+            self.rotary = RotaryEmbedding(config.resolved_head_dim, base=config.rope_base)
+        elif self.kind == "t5":
+            self.t5 = T5RelativePositionBias(config.n_heads, config.t5_num_buckets, config.t5_max_distance,
+                                             bidirectional=not causal)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, causal={self.causal}"
+
+    def add(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Embeddings ``x`` ``(batch, seq, d_model)`` plus the absolute positions' vectors (if any)."""
+        return x if self.table is None else self.table(x, positions)
+
+    def bias(self, q_len: int, k_len: int, *, device: torch.device | None = None,
+             dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """The score bias ``(heads, q_len, k_len)`` shared by every layer, or None.
+
+        The queries are the last ``q_len`` of ``k_len`` positions (cached decoding).
+        """
+        if self.kind == "alibi":
+            return alibi_bias(self.n_heads, q_len, k_len, causal=self.causal, device=device, dtype=dtype)
+        if self.t5 is not None:
+            return self.t5(q_len, k_len).to(dtype)
+        return None

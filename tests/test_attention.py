@@ -196,7 +196,8 @@ def test_explicit_and_fused_paths_agree():
         assert none is None and w.shape == (2, 4, 9, 9)
         torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
     # causal=True takes the is_causal kernel on the fused path
-    torch.testing.assert_close(mha(x, causal=True)[0], mha(x, mask=causal_mask(9), need_weights=True)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mha(x, causal=True)[0], mha(x, mask=causal_mask(9), need_weights=True)[0],
+                               atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -210,7 +211,8 @@ def test_matches_torch_multihead_attention(masking, need_weights):
     lengths = [7, 4, 2]
     kpm = None if masking in ("none", "causal") else ~padding_mask(lengths)[:, 0, 0]  # torch: True = ignore
     attn_mask = None if masking in ("none", "key_padding") else ~causal_mask(L)
-    ref_out, ref_w = ref(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=True, average_attn_weights=False)
+    ref_out, ref_w = ref(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=True,
+                         average_attn_weights=False)
     mask = combine_masks(
         None if kpm is None else ~kpm[:, None, None, :], None if attn_mask is None else ~attn_mask
     )
@@ -280,21 +282,23 @@ def test_permutation_equivariance_without_positions():
 def test_gqa_equals_mha_with_shared_kv_weights(n_kv_heads):
     """GQA is MHA whose heads in a group share K/V weights: build that MHA and compare."""
     d, h = 32, 4
-    d_head, group = d // h, h // n_kv_heads
+    head_dim, group = d // h, h // n_kv_heads
     gqa = MultiHeadAttention(d, h, n_kv_heads=n_kv_heads).eval()
     mha = MultiHeadAttention(d, h).eval()
     with torch.no_grad():
-        def rep(w):  # (kv_heads * d_head, ...) -> (heads * d_head, ...), consecutive heads share
-            return w.view(n_kv_heads, 1, d_head, *w.shape[1:]).expand(-1, group, -1, *w.shape[1:]).reshape(h * d_head, *w.shape[1:])
+        def rep(w):  # (kv_heads * head_dim, ...) -> (heads * head_dim, ...), consecutive heads share
+            grouped = w.view(n_kv_heads, 1, head_dim, *w.shape[1:]).expand(-1, group, -1, *w.shape[1:])
+            return grouped.reshape(h * head_dim, *w.shape[1:])
         for src, dst in ((gqa.in_proj.weight, mha.in_proj.weight), (gqa.in_proj.bias, mha.in_proj.bias)):
             nn.init.normal_(src)  # non-zero biases too
-            wq, wk, wv = src.split([d, n_kv_heads * d_head, n_kv_heads * d_head])
+            wq, wk, wv = src.split([d, n_kv_heads * head_dim, n_kv_heads * head_dim])
             dst.copy_(torch.cat([wq, rep(wk), rep(wv)]))
         mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
-    assert gqa.in_proj.weight.shape[0] == d + 2 * n_kv_heads * d_head
+    assert gqa.in_proj.weight.shape[0] == d + 2 * n_kv_heads * head_dim
     x = torch.randn(2, 5, d)
     for nw in (False, True):
-        torch.testing.assert_close(gqa(x, causal=True, need_weights=nw)[0], mha(x, causal=True, need_weights=nw)[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gqa(x, causal=True, need_weights=nw)[0], mha(x, causal=True, need_weights=nw)[0],
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_gqa_with_n_kv_heads_equal_to_n_heads_is_mha():
@@ -353,10 +357,10 @@ class TinyDecoder(nn.Module):
         )
         self.head = nn.Linear(d, vocab)
 
-    def forward(self, ids, kv_cache=None, need_weights=False):
+    def forward(self, ids, cache=None, need_weights=False):
         x = self.emb(ids)
         for layer in self.layers:
-            x = x + layer(x, kv_cache=kv_cache, causal=True, need_weights=need_weights)[0]
+            x = x + layer(x, cache=cache, causal=True, need_weights=need_weights)[0]
         return self.head(x)
 
 
@@ -375,14 +379,15 @@ def test_cached_generation_equals_full_forward(need_weights, rotary):
     ids = torch.randint(0, 11, (2, 9))
     with torch.no_grad():
         full = model(ids, need_weights=need_weights)
-        cache = KVCache(len(model.layers))
-        prefill = model(ids[:, :4], kv_cache=cache, need_weights=need_weights)  # a prompt of 4 tokens
-        steps = [model(ids[:, t : t + 1], kv_cache=cache, need_weights=need_weights) for t in range(4, 9)]
+        cache = KVCache(len(model.layers), batch_size=2, n_kv_heads=2, head_dim=4, max_len=12)
+        prefill = model(ids[:, :4], cache=cache, need_weights=need_weights)  # a prompt of 4 tokens
+        steps = [model(ids[:, t : t + 1], cache=cache, need_weights=need_weights) for t in range(4, 9)]
     cached = torch.cat([prefill, *steps], dim=1)
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
     assert cache.seq_len(0) == cache.seq_len(1) == 9
-    # the cache holds kv_heads, not heads: 2 (K and V) x layers x kv_heads x d_head x tokens x batch x 4 bytes
-    assert cache.memory_bytes == kv_cache_bytes(2, 2, 4, 9, bytes_per_element=4, batch_size=2) == 2 * 2 * 2 * 4 * 9 * 4 * 2
+    # the cache holds kv_heads, not heads: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x 4 bytes
+    expected = 2 * 2 * 2 * 4 * 12 * 4 * 2
+    assert cache.memory_bytes == kv_cache_bytes(2, 2, 4, 12, bytes_per_element=4, batch_size=2) == expected
 
 
 def test_rotary_hook_sees_offset_positions():
@@ -393,9 +398,9 @@ def test_rotary_hook_sees_offset_positions():
         return x
 
     mha = MultiHeadAttention(8, 2, rotary=spy)
-    cache = KVCache(1)
-    mha(torch.randn(1, 3, 8), kv_cache=cache)
-    mha(torch.randn(1, 1, 8), kv_cache=cache)
+    cache = KVCache(1, 1, 2, 4, max_len=8)
+    mha(torch.randn(1, 3, 8), cache=cache)
+    mha(torch.randn(1, 1, 8), cache=cache)
     mha(torch.randn(1, 2, 8), positions=torch.tensor([7, 9]))
     mha(torch.randn(1, 2, 8), context=torch.randn(1, 4, 8))  # cross-attention: not rotated
     assert seen == [[0, 1, 2]] * 2 + [[3]] * 2 + [[7, 9]] * 2
@@ -405,23 +410,30 @@ def test_cross_attention_cache_is_computed_once():
     mha = MultiHeadAttention(16, 4, n_kv_heads=2).eval()
     enc = torch.randn(1, 6, 16)
     dec = torch.randn(1, 3, 16)
-    cache = KVCache(1)
+    cache = KVCache(1, 1, 2, 4, max_len=6)
     with torch.no_grad():
         full = mha(dec, context=enc)[0]
-        first = mha(dec[:, :1], context=enc, kv_cache=cache)[0]
-        rest = [mha(dec[:, t : t + 1], context=torch.zeros_like(enc), kv_cache=cache)[0] for t in (1, 2)]
+        first = mha(dec[:, :1], context=enc, cache=cache)[0]
+        rest = [mha(dec[:, t : t + 1], context=torch.zeros_like(enc), cache=cache)[0] for t in (1, 2)]
     torch.testing.assert_close(torch.cat([first, *rest], 1), full, atol=1e-6, rtol=1e-5)
     assert cache.seq_len(0) == 6 and cache.memory_bytes == kv_cache_bytes(1, 2, 4, 6, 4)
 
 
-def test_cache_reset_and_memory_formula():
+def test_cache_is_preallocated_and_resets():
     assert kv_cache_bytes(32, 8, 128, 4096) == 2 * 32 * 8 * 128 * 4096 * 2  # fp16 default
-    cache = KVCache(3)
-    assert cache.memory_bytes == 0 and len(cache) == 3 and cache.get(1) is None
-    cache.update(1, torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
-    assert cache.memory_bytes == 2 * 2 * 5 * 4 * 4
+    cache = KVCache(3, 1, 2, 4, max_len=5)
+    assert cache.memory_bytes == kv_cache_bytes(3, 2, 4, 5, 4) and len(cache) == 3 and cache.get(1) is None
+    storage = cache.keys.data_ptr()
+    k = torch.randn(1, 2, 3, 4)
+    keys, values = cache.update(1, k, -k)
+    assert cache.keys.data_ptr() == storage and keys.data_ptr() == storage + cache.keys[1].storage_offset() * 4
+    torch.testing.assert_close(keys, k)
+    torch.testing.assert_close(cache.update(1, k[:, :, :2], k[:, :, :2])[1], torch.cat([-k, k[:, :, :2]], 2))
+    assert cache.seq_len(1) == 5 and cache.seq_len(0) == 0
+    cache.reorder(torch.tensor([0, 0]))  # two beams continuing the same parent
+    assert cache.keys.shape[1] == 2 and torch.equal(cache.get(1)[0][0], cache.get(1)[0][1])
     cache.reset()
-    assert cache.memory_bytes == 0 and cache.seq_len(1) == 0
+    assert cache.seq_len(1) == 0 and cache.get(1) is None
 
 
 # ------------------------------------------------------------------ bad input
@@ -434,7 +446,7 @@ def test_bad_module_arguments():
         MultiHeadAttention(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="n_heads must be an int >= 1"):
         MultiHeadAttention(32, 0)
-    with pytest.raises(ValueError, match="dropout_p must be a float in"):
+    with pytest.raises(ValueError, match="dropout must be a float in"):
         MultiHeadAttention(32, 4, dropout=1.0)
     with pytest.raises(ValueError, match="scale must be None or a positive"):
         MultiHeadAttention(32, 4, scale=-1.0)
@@ -451,9 +463,9 @@ def test_bad_forward_inputs():
         mha(torch.randn(5, 16))
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         mha(torch.ones(2, 5, 16, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"context must have shape \(batch, k_len, d_model=16\), got \(2, 7, 8\)"):
+    with pytest.raises(ValueError, match=r"context must have shape \(batch=2, k_len, d_model=16\), got \(2, 7, 8\)"):
         mha(x, context=torch.randn(2, 7, 8))
-    with pytest.raises(ValueError, match="context batch size 3"):
+    with pytest.raises(ValueError, match=r"context must have shape \(batch=2.*got \(3, 7, 16\)"):
         mha(x, context=torch.randn(3, 7, 16))
     with pytest.raises(ValueError, match=r"mask must be a bool tensor.*got dtype torch.float32"):
         mha(x, mask=torch.ones(5, 5))
@@ -465,8 +477,8 @@ def test_bad_forward_inputs():
         mha(x, bias=torch.zeros(5, 6))
     with pytest.raises(TypeError, match="bias must be a floating-point"):
         mha(x, bias=torch.zeros(5, 5, dtype=torch.bool))
-    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
-        mha(x, kv_cache={})
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        mha(x, cache={})
     rot = MultiHeadAttention(16, 4, rotary=lambda t, p: t)
     with pytest.raises(ValueError, match=r"positions must have shape \(q_len,\)=\(5,\)"):
         rot(x, positions=torch.arange(4))
@@ -528,22 +540,26 @@ def test_bad_mask_builder_inputs():
 
 
 def test_bad_cache_inputs():
-    cache = KVCache(2)
+    cache = KVCache(2, 1, 2, 4, max_len=4)
     with pytest.raises(ValueError, match=r"layer must be an int in \[0, 2\), got 2"):
-        cache.update(2, torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
-        cache.update(0, torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 2, 4))
+        cache.update(2, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match=r"k and v must both have shape \(batch=1, kv_heads=2, new, head_dim=4\)"):
+        cache.update(0, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 2, 4))
     cache.update(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
-    with pytest.raises(ValueError, match=r"do not match the cached keys of shape \(1, 2, 3, 4\)"):
-        cache.update(0, torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
+    with pytest.raises(ValueError, match="holds max_len=4 tokens per layer; appending 2 to the 3 stored"):
+        cache.update(0, torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4))
     with pytest.raises(ValueError, match="n_layers must be an int >= 1"):
-        KVCache(0)
+        KVCache(0, 1, 1, 1, 1)
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        KVCache(1, 1, 1, 1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="index must be a 1-D integer tensor"):
+        cache.reorder(torch.tensor([0.0]))
     with pytest.raises(ValueError, match="n_tokens must be an int >= 0"):
         kv_cache_bytes(1, 1, 1, -1)
-    # a cache filled by a model with another number of kv heads is caught, by name
+    # a cache made for another number of kv heads is caught, by name
     gqa = MultiHeadAttention(16, 4, n_kv_heads=1)
-    with pytest.raises(ValueError, match="do not match the cached keys"):
-        gqa(torch.randn(1, 1, 16), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"k and v must both have shape \(batch=1, kv_heads=2"):
+        gqa(torch.randn(1, 1, 16), cache=cache)
 
 
 # ------------------------------------------------------------------ accelerators (skipped on CPU-only machines)
@@ -561,4 +577,36 @@ def test_cuda_paths_agree_and_follow_the_device():
         causal_fused = mha(x, causal=True)[0]
     assert fused.device.type == "cuda" and torch.isfinite(fused).all() and torch.isfinite(explicit).all()
     torch.testing.assert_close(fused, explicit, atol=1e-4, rtol=1e-4)  # TF32 matmuls may be on
-    torch.testing.assert_close(causal_fused, mha(x, mask=causal_mask(33, device=device), need_weights=True)[0], atol=1e-4, rtol=1e-4)
+    explicit_causal = mha(x, mask=causal_mask(33, device=device), need_weights=True)[0]
+    torch.testing.assert_close(causal_fused, explicit_causal, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ from torch, head_dim
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_equals_torch_multihead_attention(bias):
+    ref = nn.MultiheadAttention(24, 3, bias=bias, batch_first=True).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_()
+    ours = MultiHeadAttention.from_torch(ref).eval()
+    x, ctx = torch.randn(2, 5, 24), torch.randn(2, 7, 24)
+    torch.testing.assert_close(ours(x)[0], ref(x, x, x, need_weights=False)[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours(x, context=ctx)[0], ref(x, ctx, ctx, need_weights=False)[0], atol=1e-4, rtol=1e-4)
+    ref_mask = ~causal_mask(5)  # torch: True = may NOT attend
+    torch.testing.assert_close(ours(x, causal=True)[0], ref(x, x, x, attn_mask=ref_mask, need_weights=False)[0],
+                               atol=1e-4, rtol=1e-4)
+    with pytest.raises(TypeError, match="module must be a torch.nn.MultiheadAttention"):
+        MultiHeadAttention.from_torch(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="kdim == vdim == embed_dim"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
+
+
+def test_head_dim_can_differ_from_d_model_over_heads():
+    mha = MultiHeadAttention(16, 4, head_dim=8).eval()  # T5-style: inner width 4 * 8 = 32 != 16
+    assert mha.in_proj.weight.shape == (3 * 32, 16) and mha.out_proj.weight.shape == (16, 32)
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(mha(x, causal=True)[0], mha(x, causal=True, need_weights=True)[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="head_dim must be an int >= 1"):
+        MultiHeadAttention(16, 4, head_dim=0)

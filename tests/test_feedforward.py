@@ -27,8 +27,10 @@ def test_feedforward_is_position_wise_and_a_1x1_convolution():
     conv1 = torch.nn.Conv1d(6, 12, 1)
     conv2 = torch.nn.Conv1d(12, 6, 1)
     with torch.no_grad():
-        conv1.weight.copy_(ffn.w1.weight[:, :, None]); conv1.bias.copy_(ffn.w1.bias)
-        conv2.weight.copy_(ffn.w2.weight[:, :, None]); conv2.bias.copy_(ffn.w2.bias)
+        conv1.weight.copy_(ffn.w1.weight[:, :, None])
+        conv1.bias.copy_(ffn.w1.bias)
+        conv2.weight.copy_(ffn.w2.weight[:, :, None])
+        conv2.bias.copy_(ffn.w2.bias)
     conv_out = conv2(F.relu(conv1(x.transpose(1, 2)))).transpose(1, 2)
     assert torch.allclose(conv_out, out, atol=1e-5)
 

@@ -230,10 +230,10 @@ def test_rope_plugs_into_attention_and_cached_decoding_matches_full_pass():
     mha = MultiHeadAttention(32, 4, rotary=RotaryEmbedding(8)).eval()
     x = torch.randn(2, 7, 32)
     full, _ = mha(x, causal=True)
-    cache = KVCache(1)
-    steps = [mha(x[:, :3], kv_cache=cache, causal=True)[0]]
+    cache = KVCache(1, batch_size=2, n_kv_heads=4, head_dim=8, max_len=7)
+    steps = [mha(x[:, :3], cache=cache, causal=True)[0]]
     for t in range(3, 7):  # one new token at a time; MHA passes positions past + arange(1)
-        steps.append(mha(x[:, t : t + 1], kv_cache=cache, causal=True)[0])
+        steps.append(mha(x[:, t : t + 1], cache=cache, causal=True)[0])
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -261,7 +261,8 @@ def test_alibi_slopes_powers_of_two():
 
 def test_alibi_slopes_other_head_counts_follow_the_authors_rule():
     # 6 heads: the 4-head slopes, then every other 8-head slope (1/2, 1/8) for the 2 extra heads.
-    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]))
+    expected6 = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
+    torch.testing.assert_close(alibi_slopes(6), expected6)
     # 12 heads: the 8-head slopes, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5 from the 16-head sequence.
     expected = [2.0 ** -k for k in range(1, 9)] + [2.0 ** -(k + 0.5) for k in range(4)]
     torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected))
@@ -362,7 +363,8 @@ def test_t5_buckets_known_values():
     assert got.tolist() == list(causal.values())
 
 
-@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", [(True, 32, 128), (False, 32, 128), (False, 16, 40)])
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance",
+                         [(True, 32, 128), (False, 32, 128), (False, 16, 40)])
 def test_t5_buckets_are_exact_then_logarithmic_then_clipped(bidirectional, num_buckets, max_distance):
     per_side = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_side // 2

@@ -49,7 +49,6 @@ def test_transforms():
 
 
 def test_held_out_fraction_is_about_a_tenth():
-    task = NumberWordsTask(9999)
     from companion.tasks import _held_out
     frac = sum(_held_out(n) for n in range(10000)) / 10000
     assert 0.08 < frac < 0.12

@@ -1,12 +1,13 @@
-"""Complete models assembled from companion's parts, one module per model.
+"""Complete models assembled from companion's shared parts, one module per model family.
 
-* :mod:`companion.models.causal_lm`: a small decoder-only (GPT-style) language model whose
-  positional scheme is a constructor argument (Chapter 6).
-* :mod:`companion.models.transformer`: the original encoder-decoder Transformer, with greedy
-  decoding and beam search (Chapter 9).
+* :mod:`companion.models.gpt` — :class:`~companion.models.gpt.GPT`, the decoder-only family
+  (GPT-2 by default; Llama-style with RoPE, RMSNorm, SwiGLU, GQA), with ``from_hf``.
+* :mod:`companion.models.transformer` — the original encoder-decoder Transformer.
 
-Import a submodule explicitly (``from companion.models.causal_lm import CausalLM``) so that
-importing ``companion.models`` stays cheap.
+Every model is built from one :class:`companion.config.ModelConfig` and the blocks of
+:mod:`companion.blocks`; generation is in :mod:`companion.generation`. Import a submodule
+explicitly (``from companion.models.gpt import GPT``) so that importing ``companion.models``
+stays cheap.
 """
 
 __all__: list[str] = []

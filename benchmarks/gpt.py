@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Benchmark companion's GPT against Hugging Face ``transformers``, and its KV cache against none.
+
+    python benchmarks/gpt.py             # CPU-sized run (a few minutes on 2 cores)
+    python benchmarks/gpt.py --quick     # smaller, for a smoke test
+    python benchmarks/gpt.py --device cuda
+
+Three ratios, each against a reference measured in the same run, on the same weights:
+
+1. Training tokens/s of ``GPT`` vs ``transformers.GPT2LMHeadModel`` with the same configuration
+   (forward, loss, backward, AdamW step; target >= 1.0x).
+2. Greedy generation tokens/s, ``companion.generation.generate`` with its KV cache vs HF
+   ``generate`` (``do_sample=False``), same weights, same tokens checked (target >= 1.0x).
+3. Greedy generation with the KV cache vs without (each step re-runs the whole sequence), 256 new
+   tokens (target >= 5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+import torch.nn.functional as F
+from common import compare, table
+
+from companion.config import ModelConfig
+from companion.generation import generate
+from companion.models.gpt import GPT
+from companion.utils import get_device, seed_everything
+
+
+def hf_gpt2(config: ModelConfig, device: torch.device):
+    """A randomly initialised ``GPT2LMHeadModel`` with ``config``'s sizes, and our GPT with its weights."""
+    import transformers
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    hf_config = transformers.GPT2Config(vocab_size=config.vocab_size, n_embd=config.d_model, n_layer=config.n_layers,
+                                        n_head=config.n_heads, n_positions=config.max_len, resid_pdrop=0.0,
+                                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                                        pad_token_id=0)
+    hf = transformers.GPT2LMHeadModel(hf_config).to(device)
+    return hf, GPT.from_hf(hf).to(device)
+
+
+def bench_training(device: torch.device, quick: bool) -> list[str]:
+    config = ModelConfig.preset("small", vocab_size=2048, max_len=256, dropout=0.0)
+    batch, seq = (4, 64) if quick else (8, 128)
+    hf, ours = hf_gpt2(config, device)
+    hf.train(), ours.train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq + 1), device=device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-4, rtol=1e-4)
+
+    def step_ours():
+        loss = F.cross_entropy(ours(x).flatten(0, 1), y.flatten())
+        opt_ours.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_ours.step()
+
+    def step_hf():
+        loss = F.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten())
+        opt_hf.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_hf.step()
+
+    res = compare({"ours": step_ours, "hf": step_hf}, device, repeats=5 if quick else 15)
+    tokens = batch * seq
+    ratio = res["hf"] / res["ours"]
+    return ["training tokens/s vs GPT2LMHeadModel", f"{tokens / res['ours']:,.0f}", f"{tokens / res['hf']:,.0f}",
+            f"{ratio:.2f}x", ">= 1.0x", "ok" if ratio >= 1.0 else "BELOW"]
+
+
+def bench_generation_vs_hf(device: torch.device, quick: bool) -> list[str]:
+    config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0)
+    new = 64 if quick else 128
+    hf, ours = hf_gpt2(config, device)
+    hf.eval(), ours.eval()
+    prompt = torch.randint(1, config.vocab_size, (1, 16), device=device)
+
+    def run_hf():
+        with torch.no_grad():
+            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=new,
+                               min_new_tokens=new, pad_token_id=0)
+
+    def run_ours():
+        return generate(ours, prompt, new, temperature=0)
+
+    same = torch.equal(run_ours(), run_hf())
+    res = compare({"ours": run_ours, "hf": run_hf}, device, repeats=3 if quick else 5, warmup=1)
+    ratio = res["hf"] / res["ours"]
+    return [f"greedy tokens/s vs HF generate ({new} new, same tokens: {'yes' if same else 'NO'})",
+            f"{new / res['ours']:,.0f}", f"{new / res['hf']:,.0f}", f"{ratio:.2f}x", ">= 1.0x",
+            "ok" if ratio >= 1.0 and same else "BELOW"]
+
+
+def bench_cache(device: torch.device, quick: bool) -> list[str]:
+    config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0)
+    new = 64 if quick else 256
+    torch.manual_seed(0)
+    model = GPT(config).to(device).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+    same = torch.equal(generate(model, prompt, new, temperature=0),
+                       generate(model, prompt, new, temperature=0, use_cache=False))
+    res = compare({"cache": lambda: generate(model, prompt, new, temperature=0),
+                   "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
+                  device, repeats=3, warmup=0)
+    ratio = res["none"] / res["cache"]
+    return [f"greedy tokens/s, KV cache vs none ({new} new, same tokens: {'yes' if same else 'NO'})",
+            f"{new / res['cache']:,.0f}", f"{new / res['none']:,.0f}", f"{ratio:.1f}x", ">= 5x",
+            "ok" if ratio >= 5 and same else "BELOW"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
+    parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke test")
+    args = parser.parse_args()
+    seed_everything(0)
+    device = get_device(args.device)
+    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}")
+    rows = [bench_training(device, args.quick), bench_generation_vs_hf(device, args.quick),
+            bench_cache(device, args.quick)]
+    c = ModelConfig.preset("small")
+    table(f"GPT (d_model={c.d_model}, layers={c.n_layers}, heads={c.n_heads}, vocab 2048, {device.type}): "
+          "ratios measured in one run, on the same weights",
+          ["measure", "ours", "reference", "ratio", "target", "status"], rows)
+    return 0 if all(r[-1] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

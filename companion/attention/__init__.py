@@ -1,0 +1,38 @@
+"""Attention: scaled dot-product attention, masks, multi-head attention (MHA, GQA, MQA) and a KV cache.
+
+The whole package is one equation (Vaswani et al., 2017, eq. 1) and the plumbing around it::
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √head_dim + M) V
+
+* :mod:`~companion.attention.functional` — :func:`scaled_dot_product_attention` writes the
+  equation out and returns the weights too; :func:`fused_attention` computes the same output with
+  PyTorch's fused kernels (FlashAttention-style: the ``(q_len, k_len)`` weights are never stored).
+* :mod:`~companion.attention.masks` — boolean masks, **True = may attend**, broadcastable to
+  ``(batch, heads, q_len, k_len)``: :func:`causal_mask`, :func:`padding_mask`,
+  :func:`sliding_window_mask`, :func:`combine_masks`, :func:`mask_to_bias`.
+* :mod:`~companion.attention.kv_cache` — :class:`KVCache`, preallocated keys and values for
+  generation, and :func:`kv_cache_bytes`.
+* :mod:`~companion.attention.multi_head` — :class:`MultiHeadAttention`: projections, heads,
+  grouped-query and multi-query attention, the cache, the rotary hook.
+
+Shapes use ``batch``, ``heads`` (query heads), ``kv_heads``, ``q_len``/``k_len`` (lengths of queries
+and of keys/values) and ``head_dim`` (the per-head width, d_k in the paper).
+"""
+
+from companion.attention.functional import fused_attention, scaled_dot_product_attention
+from companion.attention.kv_cache import KVCache, kv_cache_bytes
+from companion.attention.masks import causal_mask, combine_masks, mask_to_bias, padding_mask, sliding_window_mask
+from companion.attention.multi_head import MultiHeadAttention
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "fused_attention",
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "combine_masks",
+    "mask_to_bias",
+    "MultiHeadAttention",
+    "KVCache",
+    "kv_cache_bytes",
+]

@@ -1,0 +1,135 @@
+"""The KV cache: keys and values of past tokens, kept so that generation computes each only once.
+
+Generating token ``t + 1`` needs the keys and values of tokens ``0 … t`` in every layer. Without a
+cache, each step recomputes them for the whole prefix: O(n²) projections to generate n tokens.
+With one, each step projects only the new token and appends its key and value (Pope et al.,
+2023). The attention itself still reads every cached key: a step costs O(t) there, which is why
+a cached step grows (slowly) with the prefix.
+
+:class:`KVCache` is **preallocated**: one ``(n_layers, batch, kv_heads, max_len, head_dim)`` tensor
+for keys and one for values, written in place, so a step allocates nothing and copies nothing
+old. Models make one with ``model.make_cache(batch_size)`` and pass it to every call; each
+attention layer appends to its own slot, and the model reads the number of cached tokens
+(:meth:`KVCache.seq_len`) to continue positions from there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from companion.attention._checks import check_length, check_tensor
+
+__all__ = ["KVCache", "kv_cache_bytes"]
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int, bytes_per_element: int = 2,
+                   batch_size: int = 1) -> int:
+    """Size of a KV cache: ``2 · layers · kv_heads · head_dim · tokens · bytes_per_element · batch``.
+
+    The 2 counts keys and values. ``bytes_per_element`` is 2 for fp16/bf16, 4 for fp32.
+    """
+    for name, value in [("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                        ("bytes_per_element", bytes_per_element), ("batch_size", batch_size)]:
+        check_length(name, value)
+    check_length("n_tokens", n_tokens, minimum=0)
+    return 2 * n_layers * n_kv_heads * head_dim * n_tokens * bytes_per_element * batch_size
+
+
+class KVCache:
+    """Preallocated keys and values for ``n_layers`` attention layers.
+
+    Args:
+        n_layers: slots, one per attention layer (layer ``i`` uses slot ``i``).
+        batch_size: sequences decoded together.
+        n_kv_heads: key/value heads per layer (fewer than the query heads with GQA/MQA).
+        head_dim: per-head width.
+        max_len: most tokens a slot can hold (prompt + generated).
+        dtype, device: of the stored tensors (match the model's).
+
+    Each slot holds ``keys[layer]`` and ``values[layer]``, ``(batch, kv_heads, max_len,
+    head_dim)``, of which the first :meth:`seq_len` positions are filled. Self-attention appends
+    with :meth:`update`; cross-attention stores the projected encoder output once with
+    :meth:`set` (use a separate cache for it).
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, max_len: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        for name, value in (("n_layers", n_layers), ("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
+                            ("head_dim", head_dim), ("max_len", max_len)):
+            check_length(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * n_layers
+
+    def __repr__(self) -> str:
+        n_layers, batch, heads, max_len, head_dim = self.keys.shape
+        return (f"KVCache(n_layers={n_layers}, batch_size={batch}, n_kv_heads={heads}, head_dim={head_dim}, "
+                f"max_len={max_len}, filled={self.lengths[0]})")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens a slot can hold."""
+        return self.keys.shape[3]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes allocated for keys and values: :func:`kv_cache_bytes` of ``max_len`` tokens."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def _layer(self, layer: object) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.lengths):
+            raise ValueError(f"layer must be an int in [0, {len(self.lengths)}), got {layer!r}")
+        return layer
+
+    def seq_len(self, layer: int = 0) -> int:
+        """Number of tokens stored in ``layer``'s slot (0 when empty)."""
+        return self.lengths[self._layer(layer)]
+
+    def get(self, layer: int) -> tuple[Tensor, Tensor] | None:
+        """The stored ``(keys, values)`` of ``layer``, each ``(batch, kv_heads, seq_len, head_dim)``, or None."""
+        n = self.lengths[self._layer(layer)]
+        return None if n == 0 else (self.keys[layer, :, :, :n], self.values[layer, :, :, :n])
+
+    def _check_kv(self, k: Tensor, v: Tensor) -> None:
+        check_tensor("k", k, 4)
+        check_tensor("v", v, 4)
+        _, batch, heads, _, head_dim = self.keys.shape
+        if k.shape != v.shape or (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, head_dim):
+            raise ValueError(f"k and v must both have shape (batch={batch}, kv_heads={heads}, new, "
+                             f"head_dim={head_dim}), got {tuple(k.shape)} and {tuple(v.shape)}")
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k``, ``v`` ``(batch, kv_heads, new, head_dim)`` to ``layer``; return all stored keys and values."""
+        start = self.lengths[self._layer(layer)]
+        self._check_kv(k, v)
+        end = start + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"the KV cache holds max_len={self.max_len} tokens per layer; appending {k.shape[2]} "
+                             f"to the {start} stored would need {end} (make a longer cache)")
+        self.keys[layer, :, :, start:end] = k
+        self.values[layer, :, :, start:end] = v
+        self.lengths[layer] = end
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def set(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Overwrite ``layer``'s slot with ``k``, ``v`` (the cross-attention case); return them as stored."""
+        self.lengths[self._layer(layer)] = 0
+        return self.update(layer, k, v)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ``(new_batch,)`` (beam search: each beam continues a parent)."""
+        if not isinstance(index, Tensor) or index.dim() != 1 or index.is_floating_point():
+            raise ValueError(f"index must be a 1-D integer tensor of batch rows, got {index!r}")
+        self.keys = self.keys.index_select(1, index.to(self.keys.device))
+        self.values = self.values.index_select(1, index.to(self.values.device))
+
+    def reset(self) -> None:
+        """Empty every slot (start new sequences); the memory stays allocated."""
+        self.lengths = [0] * len(self.lengths)

@@ -1,0 +1,264 @@
+"""Generating text: sampling from a decoder-only model, greedy and beam search for encoder-decoders.
+
+A language model gives a distribution over the next token; generation turns it into a choice,
+appends it and repeats. :func:`sampling_probs` is that choice's distribution, a pure function of
+the logits:
+
+* ``temperature`` divides the logits (``T → 0``: greedy, the argmax; ``T = 1``: the model's own
+  distribution; ``T > 1``: flatter);
+* ``top_k`` keeps the ``k`` most probable tokens (Fan et al., 2018);
+* ``top_p`` keeps the smallest set of most probable tokens whose probability reaches ``p``
+  (nucleus sampling, Holtzman et al., 2020).
+
+:func:`generate` samples from a :class:`~companion.models.gpt.GPT` with a KV cache: the prompt
+is run once, then each step runs the model on the one new token. :func:`greedy_decode` and
+:func:`beam_search` do the same for a :class:`~companion.models.transformer.Transformer`,
+caching the decoder's self-attention and (computed once from the encoder output) its
+cross-attention keys and values. Every function takes ``use_cache=False`` to recompute the
+whole prefix at each step instead — the same tokens, more work — which the tests and Chapter 11
+compare against.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from companion._validation import check_int
+from companion.models.gpt import GPT, check_ids
+from companion.models.transformer import Transformer
+
+__all__ = ["sampling_probs", "generate", "greedy_decode", "beam_search", "length_penalty"]
+
+
+def _check_sampling(temperature: object, top_k: object, top_p: object) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None:
+        check_int("top_k", top_k, 1)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+
+
+def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> Tensor:
+    """The distribution generation samples the next token from: ``(..., vocab)`` logits -> probabilities.
+
+    Applied in this order: temperature, top-k, top-p (as Hugging Face's ``generate`` does).
+    ``temperature=0`` gives a one-hot vector on the argmax (greedy). ``top_k=1`` is greedy too;
+    ``top_p=1`` and ``top_k=None`` leave the softmax untouched. Ties at the top-k boundary are all
+    kept. The result is float32 (at least) and sums to 1 along the last dim.
+    """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        got = f"dtype {logits.dtype}" if isinstance(logits, Tensor) else type(logits).__name__
+        raise TypeError(f"logits must be a floating-point tensor (..., vocab), got {got}")
+    _check_sampling(temperature, top_k, top_p)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    scores = logits / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = scores.softmax(-1)
+    if top_p is not None and top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more probable tokens
+        drop = (before >= top_p).scatter(-1, order, before >= top_p)  # back to vocabulary order
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+class _EvalMode:
+    """Put a model in eval mode and no-grad for the duration, then restore its mode."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.was_training = model, model.training
+        self.no_grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.model.eval()
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.no_grad.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Tensor:
+    """Continue each prompt of ``ids`` ``(batch, prompt_len)`` by up to ``max_new_tokens`` tokens.
+
+    Each step samples from :func:`sampling_probs` of the last position's logits
+    (``temperature=0``: greedy). With ``use_cache`` the prompt is run once into a
+    :class:`~companion.attention.KVCache` and each step runs the model on the new token alone;
+    without, each step re-runs the whole sequence. Both give the same tokens (with the same
+    seeded ``generator`` when sampling).
+
+    Args:
+        model: a :class:`~companion.models.gpt.GPT` (put in eval mode for the call).
+        ids: prompts of equal length (no padding).
+        max_new_tokens: tokens to add.
+        temperature, top_k, top_p: see :func:`sampling_probs`.
+        eos_id: a sequence that emits it is finished; its later positions repeat ``eos_id``, and
+            generation stops early when every sequence is finished.
+        generator: a seeded ``torch.Generator`` (on the model's device) for reproducible samples.
+        use_cache: decode with a KV cache.
+
+    Returns:
+        ``(batch, prompt_len + n)`` ids, prompts included, ``n <= max_new_tokens``.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a companion GPT, got {type(model).__name__}")
+    check_ids("ids", ids, model.config.vocab_size)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    _check_sampling(temperature, top_k, top_p)
+    if eos_id is not None:
+        check_int("eos_id", eos_id, 0)
+    total = ids.shape[1] + max_new_tokens
+    if model.config.position == "learned" and total > model.config.max_len:
+        raise ValueError(f"prompt_len + max_new_tokens = {total} exceeds the model's max_len={model.config.max_len} "
+                         "learned positions")
+    with _EvalMode(model):
+        cache = model.make_cache(ids.shape[0], total) if use_cache else None
+        logits = model(ids, cache=cache)[:, -1]
+        out, finished = ids, torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        for step in range(max_new_tokens):
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                probs = sampling_probs(logits, temperature, top_k, top_p)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            if eos_id is not None:
+                nxt = nxt.masked_fill(finished[:, None], eos_id)
+                finished |= nxt[:, 0] == eos_id
+            out = torch.cat([out, nxt], dim=1)
+            if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+                break
+            logits = (model(nxt, cache=cache) if use_cache else model(out))[:, -1]
+    return out
+
+
+def _check_seq2seq(model: object, src: object, bos_id: object, eos_id: object, max_len: object) -> None:
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a companion Transformer, got {type(model).__name__}")
+    check_ids("src", src, model.src_vocab_size)
+    check_int("max_len", max_len)
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
+            raise ValueError(f"{name} must be a target id in [0, {model.tgt_vocab_size}), got {value!r}")
+
+
+def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len: int = 32, *,
+                  use_cache: bool = True) -> Tensor:
+    """Translate by always taking the most probable next token.
+
+    Args:
+        model: a :class:`~companion.models.transformer.Transformer` (eval mode for the call).
+        src: source ids ``(batch, src_len)``.
+        bos_id, eos_id: the target's start and end tokens.
+        max_len: most tokens generated after ``<bos>``.
+        use_cache: decode one new token per step with self- and cross-attention caches.
+
+    Returns:
+        ``(batch, ≤ max_len + 1)`` ids starting with ``<bos>``; after a sequence's ``<eos>`` the
+        rest of its row is ``pad_id``. Stops early when every row has ended.
+    """
+    _check_seq2seq(model, src, bos_id, eos_id, max_len)
+    with _EvalMode(model):
+        memory, mask = model.encode(src)
+        cache, cross = model.make_caches(src.shape[0], max_len + 1, src.shape[1]) if use_cache else (None, None)
+        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            step_in = out[:, -1:] if use_cache else out
+            nxt = model.decode(step_in, memory, mask, cache=cache, cross_cache=cross)[:, -1].argmax(-1)
+            nxt = nxt.masked_fill(done, model.pad_id)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+    return out
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normaliser ``((5 + length) / 6) ** alpha`` (Wu et al., 2016, eq. 14); 1 when ``alpha = 0``."""
+    return ((5 + length) / 6) ** alpha
+
+
+def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4, max_len: int = 32,
+                alpha: float = 0.6, return_scores: bool = False, *,
+                use_cache: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """Keep the ``beam_size`` best partial translations at every step; return the best finished one.
+
+    Beam search is the decoder of Sutskever et al. (2014) and of the Transformer paper (beam 4).
+    A hypothesis' score is its total log-probability divided by :func:`length_penalty` (Wu et
+    al., 2016; ``alpha = 0``: plain log-probability, which favours short outputs; the
+    Transformer uses ``alpha = 0.6``). A hypothesis that emits ``eos_id`` is finished; the
+    search stops once ``beam_size`` hypotheses are finished (or at ``max_len``, when the
+    unfinished ones are scored as they are). ``beam_size=1`` is greedy decoding.
+
+    With ``use_cache`` each step runs the decoder on the beams' last tokens only; the
+    self-attention cache is reordered to follow each surviving beam's parent.
+
+    Args:
+        model, src, bos_id, eos_id, max_len, use_cache: as :func:`greedy_decode`; ``src`` rows
+            are searched one after another.
+        beam_size: hypotheses kept per step.
+        alpha: length-penalty exponent.
+        return_scores: also return the best normalised score of each row ``(batch,)``.
+
+    Returns:
+        ``(batch, L)`` ids starting with ``<bos>``, right-padded with ``pad_id`` (and the scores).
+    """
+    _check_seq2seq(model, src, bos_id, eos_id, max_len)
+    check_int("beam_size", beam_size)
+    best_rows, best_scores = [], []
+    with _EvalMode(model):
+        for row in range(src.shape[0]):
+            memory, mask = model.encode(src[row : row + 1])
+            cache, cross = model.make_caches(1, max_len + 1, src.shape[1]) if use_cache else (None, None)
+            beams = torch.full((1, 1), bos_id, dtype=torch.long, device=src.device)
+            logp = torch.zeros(1, device=src.device)  # total log-probability of each live beam
+            finished: list[tuple[float, Tensor]] = []
+            for step in range(1, max_len + 1):
+                k = beams.shape[0]
+                step_in = beams[:, -1:] if use_cache else beams
+                logits = model.decode(step_in, memory.expand(k, -1, -1), mask.expand(k, -1, -1, -1), cache=cache,
+                                      cross_cache=cross)[:, -1]
+                cand = (logp[:, None] + logits.log_softmax(-1)).flatten()  # (k · vocab,)
+                top, idx = cand.topk(min(2 * beam_size, cand.numel()))
+                vocab = logits.shape[-1]
+                keep_beams, keep_logp, parents = [], [], []
+                for score, i in zip(top.tolist(), idx.tolist()):
+                    seq = torch.cat([beams[i // vocab], beams.new_tensor([i % vocab])])
+                    if i % vocab == eos_id:
+                        finished.append((score / length_penalty(step, alpha), seq))
+                    else:
+                        keep_beams.append(seq)
+                        keep_logp.append(score)
+                        parents.append(i // vocab)
+                    if len(keep_beams) == beam_size:
+                        break
+                if len(finished) >= beam_size or not keep_beams:
+                    break
+                beams, logp = torch.stack(keep_beams), torch.tensor(keep_logp, device=src.device)
+                if use_cache:  # each surviving beam continues its parent's cached keys and values
+                    index = torch.tensor(parents, device=src.device)
+                    cache.reorder(index)
+                    cross.reorder(index)
+            if len(finished) < beam_size:  # ran out of length: score the live beams as they are
+                finished += [(s / length_penalty(beams.shape[1] - 1, alpha), b) for s, b in zip(logp.tolist(), beams)]
+            score, seq = max(finished, key=lambda f: f[0])
+            best_rows.append(seq)
+            best_scores.append(score)
+    longest = max(len(s) for s in best_rows)
+    out = torch.full((len(best_rows), longest), model.pad_id, dtype=torch.long, device=src.device)
+    for r, s in enumerate(best_rows):
+        out[r, : len(s)] = s
+    scores = torch.tensor(best_scores)
+    return (out, scores) if return_scores else out

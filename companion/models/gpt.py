@@ -1,0 +1,134 @@
+"""GPT: the decoder-only Transformer (Radford et al., 2018, 2019), and its Llama-style variants.
+
+The whole model, nanoGPT-style::
+
+    ids (batch, seq)
+      -> token embedding                          (batch, seq, d_model)
+      -> Stack (causal):  [+ learned positions]   GPT-2; RoPE / ALiBi / T5 act inside attention
+                          n_layers × Block         x = x + Attn(Norm(x));  x = x + FFN(Norm(x))
+                          final Norm
+      -> LM head (the embedding matrix, tied)     logits (batch, seq, vocab_size)
+
+Position ``t``'s logits predict token ``t + 1`` from tokens ``0 … t``: one objective, next-token
+prediction, trains the model on every position of every sequence at once. The default
+configuration is GPT-2's (learned positions, pre-norm LayerNorm, tanh-GELU, biases, tied input
+and output embeddings as one shared ``Parameter``); RoPE, RMSNorm, SwiGLU, GQA and no biases give
+a Llama-style model (``ModelConfig.preset("llama-tiny")``). :meth:`GPT.from_hf` loads Hugging
+Face ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` weights; with internet access, real GPT-2 is::
+
+    from transformers import GPT2LMHeadModel
+    model = GPT.from_hf(GPT2LMHeadModel.from_pretrained("gpt2"))
+
+Generation lives in :mod:`companion.generation`; pass a cache from :meth:`GPT.make_cache` to
+decode one token at a time without recomputing the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from companion.attention import KVCache
+from companion.blocks import Stack
+from companion.config import ModelConfig
+from companion.initialization import init_weights
+
+__all__ = ["GPT", "check_ids"]
+
+
+def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
+    """``ids`` if it is an integer tensor ``(batch, seq)`` of ids in ``[0, vocab_size)``."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+        got = f"shape {tuple(ids.shape)}, dtype {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {got}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+    return ids
+
+
+class GPT(nn.Module):
+    """A decoder-only language model: next-token logits for every position.
+
+    Args:
+        config: a :class:`~companion.config.ModelConfig` (``ModelConfig.preset("gpt2-small")`` for
+            GPT-2's size, ``"tiny"`` for a CPU-sized one).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a companion ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.stack = Stack(config, config.n_layers, causal=True)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self, config, config.n_layers, [self.tok_emb])
+        if config.tie_embeddings:
+            self.head.weight = self.tok_emb.weight  # one Parameter, counted once (Press & Wolf, 2017)
+
+    def extra_repr(self) -> str:
+        return f"position={self.config.position!r}, tie_embeddings={self.config.tie_embeddings}"
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The model's :class:`~companion.blocks.Block` s."""
+        return self.stack.layers
+
+    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None,
+                positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """Logits ``(batch, seq, vocab_size)`` for token ids ``(batch, seq)``.
+
+        Args:
+            ids: token ids; with a ``cache``, only the new ones.
+            attention_mask: ``(batch, past + seq)``, 1 (or True) at real tokens and 0 at padding
+                (Hugging Face's convention); padded keys are never attended to.
+            cache: a :class:`~companion.attention.KVCache` from :meth:`make_cache`; the new
+                tokens' keys and values are appended and positions continue from its length.
+            positions: absolute positions of the tokens, ``(seq,)`` or ``(batch, seq)``; default
+                ``past + arange(seq)``.
+            need_weights: keep each block's attention weights (``block.self_weights``).
+        """
+        check_ids("ids", ids, self.config.vocab_size)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        mask = None
+        if attention_mask is not None:
+            expected = (ids.shape[0], (cache.seq_len() if cache is not None else 0) + ids.shape[1])
+            if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != expected:
+                got = getattr(attention_mask, "shape", type(attention_mask).__name__)
+                raise ValueError(f"attention_mask must have shape (batch, past + seq) = {expected}, got {tuple(got)}")
+            mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, keys): broadcast over heads, queries
+        h = self.stack(self.tok_emb(ids), mask=mask, positions=positions, cache=cache, need_weights=need_weights)
+        return self.head(h)
+
+    def make_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None) -> KVCache:
+        """An empty :class:`~companion.attention.KVCache` for this model.
+
+        ``max_len`` (prompt + generated tokens) defaults to ``config.max_len``; dtype and device to
+        the model's.
+        """
+        weight = self.tok_emb.weight
+        c = self.config
+        return KVCache(c.n_layers, batch_size, c.resolved_n_kv_heads, c.resolved_head_dim, max_len or c.max_len,
+                       dtype=dtype or weight.dtype, device=device or weight.device)
+
+    def loss(self, ids: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+        """Mean next-token cross-entropy of ``self(ids)`` against ``targets`` ``(batch, seq)`` (nats)."""
+        logits = self(ids)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+    # ----------------------------------------------------------------------------- Hugging Face
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> GPT:
+        """A :class:`GPT` with the weights of a ``transformers`` ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+
+        The configuration is read from ``hf_model.config``; settings this model does not
+        implement (GPT-2's ``scale_attn_by_inverse_layer_idx``, Llama's RoPE scaling, …) raise a
+        ``ValueError``. The result is in eval mode, on the HF model's device and dtype.
+        """
+        from companion.models._hf import gpt_from_hf
+
+        return gpt_from_hf(cls, hf_model)

@@ -1,0 +1,130 @@
+"""Count-based n-gram language models: the baseline every neural language model must beat.
+
+A language model's held-out loss means little on its own; next to the loss of a table of counts
+on the same split it says how much of the text's structure the model has learned. An n-gram model
+predicts token ``w`` from the ``n − 1`` tokens before it, ``h``, by counting how often ``h w``
+followed ``h`` in the training text (Jurafsky & Martin, ch. 3). Unseen pairs must not get
+probability zero (a held-out loss would be infinite), so we use **interpolated absolute
+discounting**, the core of Kneser–Ney smoothing: every seen count gives up a discount ``D`` and
+the freed mass goes to the lower-order model::
+
+    P_n(w | h) = max(c(h w) − D, 0) / c(h)  +  D · N₁₊(h •) / c(h) · P_{n−1}(w | h')
+
+where ``c(h) = Σ_w c(h w)``, ``N₁₊(h •)`` is the number of distinct tokens seen after ``h``,
+``h'`` is ``h`` without its first token, and a context never seen in training falls back to
+``P_{n−1}`` entirely. The recursion ends at the add-one unigram ``(c(w) + 1) / (N + V)``. Every
+conditional distribution sums to 1 over the vocabulary (tested).
+
+:func:`ngram_cross_entropy` is the one-call form the chapters use: fit on the training ids,
+return the mean negative log-likelihood (nats per token) of the held-out ids.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from companion._validation import check_int
+
+__all__ = ["NGramLM", "ngram_cross_entropy"]
+
+
+def _as_ids(name: str, ids: Tensor | Sequence[int], vocab_size: int) -> Tensor:
+    ids = torch.as_tensor(ids)
+    if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D sequence of integer token ids, got shape {tuple(ids.shape)}, "
+                         f"dtype {ids.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+    return ids.long().cpu()
+
+
+def _keys(ids: Tensor, k: int, vocab_size: int) -> Tensor:
+    """The ``k``-grams of ``ids`` as single int64 numbers (base ``vocab_size``), ``(len(ids) − k + 1,)``."""
+    windows = ids.unfold(0, k, 1)  # (positions, k)
+    powers = vocab_size ** torch.arange(k - 1, -1, -1, dtype=torch.long)
+    return windows @ powers
+
+
+class _Table:
+    """Sorted unique keys with counts, and a vectorised lookup (0 for a key never seen)."""
+
+    def __init__(self, keys: Tensor) -> None:
+        self.keys, self.counts = torch.unique(keys, return_counts=True)
+
+    def __call__(self, query: Tensor) -> Tensor:
+        if self.keys.numel() == 0:
+            return torch.zeros_like(query)
+        i = torch.searchsorted(self.keys, query).clamp(max=self.keys.numel() - 1)
+        return torch.where(self.keys[i] == query, self.counts[i], torch.zeros_like(query))
+
+
+class NGramLM:
+    """An ``order``-gram model with interpolated absolute discounting (see the module docstring).
+
+    Args:
+        train_ids: the training token ids, 1-D.
+        order: ``n`` (1 = unigram, 2 = bigram, …).
+        vocab_size: ids are in ``[0, vocab_size)``; ``vocab_size ** order`` must fit in int64.
+        discount: ``D`` in ``(0, 1)``; 0.75 is the usual choice.
+    """
+
+    def __init__(self, train_ids: Tensor | Sequence[int], order: int, vocab_size: int, discount: float = 0.75) -> None:
+        self.order = check_int("order", order, 1)
+        self.vocab_size = check_int("vocab_size", vocab_size, 1)
+        if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount < 1:
+            raise ValueError(f"discount must be a number in (0, 1), got {discount!r}")
+        if order * math.log2(vocab_size) >= 62:
+            raise ValueError(f"vocab_size ** order must fit in int64: {vocab_size} ** {order} is too large")
+        ids = _as_ids("train_ids", train_ids, vocab_size)
+        if ids.numel() < order:
+            raise ValueError(f"train_ids must hold at least order={order} tokens, got {ids.numel()}")
+        self.discount = float(discount)
+        self.n_tokens = ids.numel()
+        self.unigram = torch.bincount(ids, minlength=vocab_size)
+        # For each order k >= 2: counts of k-grams, of their (k-1)-token contexts, and of the
+        # number of distinct tokens that follow each context.
+        self.grams: list[tuple[_Table, _Table, _Table]] = []
+        for k in range(2, order + 1):
+            grams = _keys(ids, k, vocab_size)
+            unique_grams = torch.unique(grams)
+            contexts = _Table(grams // vocab_size)  # c(h): occurrences of h followed by a token
+            followers = _Table(unique_grams // vocab_size)  # N1+(h .): distinct tokens after h
+            self.grams.append((_Table(grams), contexts, followers))
+
+    def __repr__(self) -> str:
+        return f"NGramLM(order={self.order}, vocab_size={self.vocab_size}, discount={self.discount})"
+
+    def prob(self, contexts: Tensor, tokens: Tensor) -> Tensor:
+        """``P(token | context)`` per row: ``contexts`` ``(m, order − 1)``, ``tokens`` ``(m,)`` -> ``(m,)`` float64."""
+        contexts = torch.as_tensor(contexts, dtype=torch.long).reshape(len(tokens), self.order - 1)
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        p = (self.unigram[tokens].double() + 1) / (self.n_tokens + self.vocab_size)
+        for k, (grams, ctx_count, followers) in enumerate(self.grams, start=2):
+            h = contexts[:, self.order - k :]  # the last k - 1 tokens of the context
+            h_key = h @ (self.vocab_size ** torch.arange(k - 2, -1, -1, dtype=torch.long))
+            c_h = ctx_count(h_key).double()
+            c_hw = grams(h_key * self.vocab_size + tokens).double()
+            n1 = followers(h_key).double()
+            seen = c_h > 0
+            denom = c_h.clamp(min=1)
+            interpolated = (c_hw - self.discount).clamp(min=0) / denom + self.discount * n1 / denom * p
+            p = torch.where(seen, interpolated, p)
+        return p
+
+    def cross_entropy(self, ids: Tensor | Sequence[int]) -> float:
+        """Mean ``−log P(w_t | w_{t−n+1} … w_{t−1})`` over the positions of ``ids`` with a full context (nats)."""
+        ids = _as_ids("ids", ids, self.vocab_size)
+        if ids.numel() <= self.order - 1:
+            raise ValueError(f"ids must hold more than order - 1 = {self.order - 1} tokens, got {ids.numel()}")
+        windows = ids.unfold(0, self.order, 1)
+        return float(-self.prob(windows[:, :-1], windows[:, -1]).log().mean())
+
+
+def ngram_cross_entropy(train_ids: Tensor | Sequence[int], eval_ids: Tensor | Sequence[int], order: int,
+                        vocab_size: int, discount: float = 0.75) -> float:
+    """Held-out loss (nats per token) of an :class:`NGramLM` fitted on ``train_ids``, evaluated on ``eval_ids``."""
+    return NGramLM(train_ids, order, vocab_size, discount).cross_entropy(eval_ids)

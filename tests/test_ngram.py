@@ -1,0 +1,66 @@
+"""Tests for companion.ngram: distributions sum to 1, counts match a brute-force model, baselines order."""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from companion.ngram import NGramLM, ngram_cross_entropy
+
+
+def brute_force_prob(train, order, vocab, discount, context, token):
+    """The same smoothing written with Counters, one probability at a time."""
+    n = len(train)
+    p = (train.count(token) + 1) / (n + vocab)
+    for k in range(2, order + 1):
+        grams = Counter(tuple(train[i : i + k]) for i in range(n - k + 1))
+        h = tuple(context[len(context) - (k - 1) :])
+        c_h = sum(c for g, c in grams.items() if g[:-1] == h)
+        if c_h == 0:
+            continue
+        n1 = sum(1 for g in grams if g[:-1] == h)
+        p = max(grams[h + (token,)] - discount, 0) / c_h + discount * n1 / c_h * p
+    return p
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_matches_brute_force_and_sums_to_one(order):
+    g = torch.Generator().manual_seed(order)
+    train = torch.randint(0, 5, (60,), generator=g).tolist()
+    lm = NGramLM(train, order, 5)
+    contexts = [[0, 1], [4, 4], [2, 3], [3, 3]] if order == 3 else [[0], [4], [2]] if order == 2 else [[]]
+    for ctx in contexts:
+        probs = lm.prob(torch.tensor([ctx] * 5).reshape(5, order - 1), torch.arange(5))
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-9)
+        for w in range(5):
+            assert probs[w].item() == pytest.approx(brute_force_prob(train, order, 5, 0.75, ctx, w), abs=1e-12)
+
+
+def test_unseen_contexts_back_off_and_nothing_is_impossible():
+    lm = NGramLM([0, 1, 0, 1, 0, 1], 2, 3)
+    assert lm.prob(torch.tensor([[2]]), torch.tensor([2])).item() == pytest.approx(1 / 9)  # unigram (0+1)/(6+3)
+    assert math.isfinite(lm.cross_entropy([2, 2, 2, 0]))
+
+
+def test_higher_orders_help_on_structured_text():
+    text = torch.tensor([0, 1, 2, 3] * 200)  # deterministic given the previous token
+    noisy = text.clone()
+    noisy[::7] = 4
+    losses = [ngram_cross_entropy(noisy[:600], noisy[600:], order, 5) for order in (1, 2, 3)]
+    assert losses[0] > losses[1] > losses[2] and losses[0] == pytest.approx(math.log(5), abs=0.1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="order must be an int >= 1"):
+        NGramLM([1, 2], 0, 3)
+    with pytest.raises(ValueError, match=r"discount must be a number in \(0, 1\)"):
+        NGramLM([1, 2], 2, 3, discount=1.0)
+    with pytest.raises(ValueError, match=r"train_ids must lie in \[0, 3\)"):
+        NGramLM([1, 3], 2, 3)
+    with pytest.raises(ValueError, match="must fit in int64"):
+        NGramLM([1, 2], 5, 50257)
+    with pytest.raises(ValueError, match="train_ids must be a 1-D sequence"):
+        NGramLM(torch.zeros(2, 2, dtype=torch.long), 2, 3)
+    with pytest.raises(ValueError, match="ids must hold more than order - 1 = 2 tokens"):
+        NGramLM([0, 1, 2, 0], 3, 3).cross_entropy([0, 1])
