@@ -12,7 +12,8 @@ embedding matrix is shared by source, target and output (§3.4). Give ``tgt_voca
 vocabularies (two embedding matrices; the output projection still reuses the target one when
 ``tie_embeddings``).
 
-Training is *teacher forcing* (:func:`teacher_forcing_loss`): the decoder reads the true target
+Training is *teacher forcing* (:func:`companion.training.teacher_forcing_loss`, also importable
+from here): the decoder reads the true target
 shifted right (``<bos> y_1 … y_{n-1}``) and predicts ``y_1 … y_n <eos>`` at all positions at
 once. Generation (greedy, beam search) is in :mod:`companion.generation`; it passes the caches of
 :meth:`Transformer.make_caches` so that each step runs the decoder on the new token only.
@@ -30,6 +31,7 @@ from companion.blocks import Stack
 from companion.config import ModelConfig
 from companion.initialization import init_weights
 from companion.models.gpt import check_ids
+from companion.training.losses import teacher_forcing_loss
 
 __all__ = ["Transformer", "teacher_forcing_loss"]
 
@@ -123,17 +125,3 @@ class Transformer(nn.Module):
         """Per decoder block, the cross-attention weights ``(batch, heads, tgt_len, src_len)`` of the last
         ``need_weights=True`` call."""
         return self.decoder.attention_weights("cross")
-
-
-def teacher_forcing_loss(model: Transformer, batch: tuple[Tensor, Tensor], label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy of ``model(src, tgt[:, :-1])`` against ``tgt[:, 1:]``, ignoring padding.
-
-    ``batch`` is ``(src (batch, src_len), tgt (batch, tgt_len))`` with ``tgt = <bos> y <eos> <pad>…``.
-    The decoder input is the target shifted right by one, so position ``t`` predicts token
-    ``t + 1`` having seen the true tokens ``0..t``. Usable as ``loss_fn`` of
-    :func:`companion.training.train`. ``label_smoothing``: 0.1 in the paper.
-    """
-    src, tgt = batch
-    logits = model(src, tgt[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt[:, 1:].reshape(-1),
-                           ignore_index=model.pad_id, label_smoothing=label_smoothing)

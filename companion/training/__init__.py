@@ -1,0 +1,39 @@
+"""Training: the loop, the optimizer, learning-rate schedules, losses and checkpoints.
+
+* :mod:`~companion.training.loop` — :func:`train` (accumulation, mixed precision, clipping,
+  evaluation, distributed-aware logging), :func:`evaluate`, :class:`TrainHistory`;
+* :mod:`~companion.training.optim` — :func:`adamw`, :func:`param_groups` (no decay on biases,
+  norms and embeddings);
+* :mod:`~companion.training.schedules` — :func:`noam`, :func:`warmup_cosine_schedule`,
+  :func:`warmup_linear_schedule`;
+* :mod:`~companion.training.losses` — :func:`label_smoothed_cross_entropy`,
+  :func:`cross_entropy_loss`, :func:`teacher_forcing_loss`;
+* :mod:`~companion.training.checkpoint` — :func:`save_checkpoint`, :func:`load_checkpoint`
+  (atomic, resumable bit for bit).
+
+``python -m companion.train`` (:mod:`companion.train`) trains a GPT on Shakespeare with all of
+this, on one process or several under ``torchrun``.
+"""
+
+from companion.training.checkpoint import load_checkpoint, save_checkpoint
+from companion.training.loop import PRECISIONS, TrainHistory, evaluate, train
+from companion.training.losses import cross_entropy_loss, label_smoothed_cross_entropy, teacher_forcing_loss
+from companion.training.optim import adamw, param_groups
+from companion.training.schedules import noam, warmup_cosine_schedule, warmup_linear_schedule
+
+__all__ = [
+    "train",
+    "evaluate",
+    "TrainHistory",
+    "PRECISIONS",
+    "adamw",
+    "param_groups",
+    "noam",
+    "warmup_cosine_schedule",
+    "warmup_linear_schedule",
+    "label_smoothed_cross_entropy",
+    "cross_entropy_loss",
+    "teacher_forcing_loss",
+    "save_checkpoint",
+    "load_checkpoint",
+]

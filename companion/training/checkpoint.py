@@ -1,0 +1,135 @@
+"""Checkpoints that resume a run exactly: weights, optimizer, step and every random state.
+
+A run stopped after step ``k`` and resumed from its checkpoint must continue as if it had never
+stopped: same data order, same dropout masks, same optimizer moments. So a checkpoint holds the
+model and optimizer state dicts, the step, the states of Python's, NumPy's and PyTorch's global
+generators (CPU and CUDA) and of any ``torch.Generator`` the data pipeline uses. Learning-rate
+schedules here are pure functions of the step, so the step is their whole state.
+
+Writing is **atomic**: the checkpoint goes to a temporary file in the same folder, is flushed to
+disk, then renamed over the old one — a crash mid-write leaves the previous checkpoint intact.
+Loading uses ``torch.load(weights_only=True)``, which unpickles tensors and plain containers
+only, never arbitrary code; a truncated or corrupt file raises a ``ValueError`` that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
+
+FORMAT = "companion-checkpoint-v1"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel (or similar) wrapper."""
+    return getattr(model, "module", model)
+
+
+def _rng_states() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(path: str | os.PathLike, *, model: nn.Module | dict[str, Any], step: int,
+                    optimizer: torch.optim.Optimizer | dict[str, Any] | None = None,
+                    generators: dict[str, torch.Generator] | None = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint of a run after ``step`` optimizer steps, atomically; return its path.
+
+    Args:
+        path: the file to write (its folder is created).
+        model: the model (a DDP wrapper is unwrapped), or its state dict (e.g. the full state dict
+            gathered from a sharded model).
+        step: optimizer steps done.
+        optimizer: the optimizer (its moments and step counts are saved too), or its state dict.
+        generators: named ``torch.Generator`` s of the data pipeline, e.g. ``{"data": g}``.
+        extra: plain values to keep alongside (a configuration as a dict, a vocabulary, …).
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "model": model if isinstance(model, dict) else _unwrap(model).state_dict(),
+        "optimizer": optimizer if isinstance(optimizer, dict) or optimizer is None else optimizer.state_dict(),
+        "rng": _rng_states(),
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+        "extra": extra or {},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX and Windows: the old checkpoint until this instant
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, *, model: nn.Module | None = None,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    generators: dict[str, torch.Generator] | None = None, restore_rng: bool = True,
+                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` and restore what is given.
+
+    Loads the weights into ``model``, the state into ``optimizer``, the named ``generators``
+    and (with ``restore_rng``) the global random states. Returns the checkpoint's dict, whose
+    ``"step"`` says where to resume and ``"extra"`` holds what was saved with it.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        ValueError: the file is truncated, corrupt or not a checkpoint of this format.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # a truncated zip, a bad pickle, a foreign file
+        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt?): {err}") from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} checkpoint")
+    if model is not None:
+        _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None:
+        if state["optimizer"] is None:
+            raise ValueError(f"{path} holds no optimizer state")
+        optimizer.load_state_dict(state["optimizer"])
+    for name, g in (generators or {}).items():
+        if name not in state["generators"]:
+            raise ValueError(f"{path} holds no state for generator {name!r} (it has {sorted(state['generators'])})")
+        g.set_state(state["generators"][name])
+    if restore_rng:
+        _set_rng_states(state["rng"])
+    return state

@@ -1,0 +1,45 @@
+"""The optimizer of the recipe: AdamW (Loshchilov & Hutter, 2019) with decay on weight matrices only.
+
+Adam's L2 penalty is scaled by the adaptive denominator, so weights with large gradients are
+barely regularised; AdamW *decouples* weight decay from the gradient step,
+``θ ← θ − lr · (m̂ / (√v̂ + ε) + λ θ)``. As in GPT-2, BERT and most recipes, the decay applies
+to the matrices of linear layers only: biases, normalisation gains and embeddings (token and
+position tables) are excluded — shrinking a LayerNorm gain or a rare token's embedding towards
+zero has no regularising purpose.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from companion.normalization import LayerNorm, RMSNorm
+from companion.positional import LearnedPositionalEmbedding, T5RelativePositionBias
+
+__all__ = ["param_groups", "adamw"]
+
+_NO_DECAY_MODULES = (nn.Embedding, LearnedPositionalEmbedding, T5RelativePositionBias, LayerNorm, RMSNorm,
+                     nn.LayerNorm, nn.RMSNorm)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two optimizer groups: the weight matrices of linear layers (decayed), and everything else (not).
+
+    A parameter shared by two modules (tied embeddings) is listed once, in the group of its
+    first owner's kind: an embedding matrix tied to the output layer is not decayed.
+    """
+    no_decay: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if isinstance(module, _NO_DECAY_MODULES) or p.dim() < 2:
+                no_decay[id(p)] = p
+    params = {id(p): p for p in model.parameters() if p.requires_grad}
+    decay = [p for key, p in params.items() if key not in no_decay]
+    rest = [p for key, p in params.items() if key in no_decay]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def adamw(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.01,
+          betas: tuple[float, float] = (0.9, 0.99)) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over :func:`param_groups` of ``model``."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas)

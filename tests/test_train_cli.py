@@ -1,0 +1,77 @@
+"""``python -m companion.train``: resuming is exact, and 2 processes (DDP or FSDP) equal 1 process.
+
+These tests launch real processes: ``torchrun --standalone --nproc_per_node=2`` with the gloo
+backend on the CPU, as a reader without GPUs would. Each run is a few optimizer steps of the
+``tiny`` preset.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from companion.train import parse_args, run
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["--preset", "tiny", "--batch-size", "8", "--context", "32", "--seed", "3", "--device", "cpu"]
+
+
+def _launch(out: Path, *extra: str, processes: int = 1) -> subprocess.CompletedProcess:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+                if processes > 1 else [sys.executable])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*launcher, "-m", "companion.train", *COMMON, "--out", str(out), *extra], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single")
+    result = _launch(out, "--steps", "6")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_give_the_weights_of_one(single, tmp_path, mode):
+    result = _launch(tmp_path, "--steps", "6", *(["--fsdp"] if mode == "fsdp" else []), processes=2)
+    assert result.returncode == 0, result.stderr
+    assert "6 steps on 2 process(es)" in result.stdout
+    one, two = _weights(single), _weights(tmp_path)
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_resuming_continues_exactly(single, tmp_path):
+    for steps, resume in (("3", []), ("6", ["--resume"])):
+        result = _launch(tmp_path, "--steps", steps, *resume)
+        assert result.returncode == 0, result.stderr
+    straight, resumed = _weights(single), _weights(tmp_path)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_batch_not_divisible_by_the_processes_is_refused(tmp_path):
+    result = _launch(tmp_path, "--steps", "1", "--batch-size", "7", processes=2)
+    assert result.returncode != 0
+    assert "--batch-size 7 must be divisible by the number of processes 2" in result.stderr
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--resume: no checkpoint at"):
+        run(parse_args([*COMMON, "--steps", "1", "--out", str(tmp_path), "--resume"]))
+    with pytest.raises(ValueError, match="precision='fp16' needs a CUDA device"):
+        run(parse_args([*COMMON, "--steps", "1", "--out", str(tmp_path), "--precision", "fp16"]))
+    with pytest.raises(ValueError, match="--steps must be >= 1"):
+        run(parse_args([*COMMON, "--steps", "0", "--out", str(tmp_path)]))
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "1", "--out", str(tmp_path), "--precision", "fp64"])
