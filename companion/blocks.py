@@ -124,8 +124,9 @@ class Block(nn.Module):
 class Stack(nn.Module):
     """``n_layers`` :class:`Block` s sharing one position scheme, plus the final norm of pre-norm stacks.
 
-    The stack adds absolute positions to its input (if the scheme has them), applies the
-    embedding dropout, runs the blocks and the final norm. Positions continue from the cache:
+    The stack adds absolute positions to its input (if the scheme has them), normalises the sum if
+    ``config.embedding_norm`` (BERT), applies the embedding dropout, runs the blocks and the final
+    norm. Positions continue from the cache:
     with ``t`` tokens cached, the new tokens are at ``t, t + 1, …``.
 
     Args:
@@ -139,6 +140,7 @@ class Stack(nn.Module):
         super().__init__()
         self.causal = causal
         self.positions = Positions(config, causal=causal)
+        self.embedding_norm = _norm(config) if config.embedding_norm else None
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             Block(config, cross_attention=cross_attention, layer_idx=i, rotary=self.positions.rotary)
@@ -158,7 +160,10 @@ class Stack(nn.Module):
         seq = x.shape[1]
         if positions is None:
             positions = torch.arange(past, past + seq, device=x.device)
-        x = self.drop(self.positions.add(x, positions))
+        x = self.positions.add(x, positions)
+        if self.embedding_norm is not None:  # BERT normalises the summed embeddings
+            x = self.embedding_norm(x)
+        x = self.drop(x)
         bias = self.positions.bias(seq, past + seq, device=x.device, dtype=x.dtype)
         for layer in self.layers:
             x = layer(x, mask=mask, bias=bias, causal=self.causal, positions=positions, cache=cache, memory=memory,

@@ -69,6 +69,9 @@ class ModelConfig:
         init_std: standard deviation of the normal initialisation of projections and
             embeddings (GPT-2: 0.02); None keeps PyTorch's defaults.
         pad_id: the padding id (masked in the source of an encoder-decoder, ignored by losses).
+        embedding_norm: normalise the summed embeddings before the first block (BERT).
+        type_vocab_size: segment ("token type") embeddings, e.g. 2 for BERT's sentence A / B;
+            0 for none.
     """
 
     vocab_size: int
@@ -98,6 +101,8 @@ class ModelConfig:
     t5_max_distance: int = 128
     init_std: float | None = 0.02
     pad_id: int = 0
+    embedding_norm: bool = False
+    type_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "t5_num_buckets", "t5_max_distance"):
@@ -109,9 +114,12 @@ class ModelConfig:
                               ("ffn", FFNS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        for name in ("bias", "tie_embeddings", "scale_embeddings", "residual"):
+        for name in ("bias", "tie_embeddings", "scale_embeddings", "residual", "embedding_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        segments = self.type_vocab_size
+        if isinstance(segments, bool) or not isinstance(segments, int) or segments < 0:
+            raise ValueError(f"type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}")
         if self.final_norm is not None and not isinstance(self.final_norm, bool):
             raise ValueError(f"final_norm must be a bool or None, got {self.final_norm!r}")
         if self.head_dim is None and self.d_model % self.n_heads:
@@ -182,6 +190,9 @@ class ModelConfig:
         model), ``"small"`` (4 layers, 128 wide), ``"llama-tiny"`` (``"tiny"`` with RoPE, RMSNorm,
         SwiGLU, grouped-query attention and no biases), ``"transformer-tiny"`` (the base
         encoder-decoder at 2 + 2 layers, 64 wide; set ``vocab_size`` and ``tgt_vocab_size``).
+        ``"bert-base"`` (Devlin et al., 2019: 109,482,240 parameters without the pre-training
+        heads) and ``"bert-tiny"``; ``"t5-small"`` (Raffel et al., 2020: 60,506,624) and
+        ``"t5-tiny"``.
         """
         if name not in PRESETS:
             raise ValueError(f"name must be one of {tuple(PRESETS)}, got {name!r}")
@@ -211,6 +222,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_decoder_layers=2, n_heads=4, d_ff=256,
                              max_len=256, position="sinusoidal", norm="layernorm", norm_position="post", ffn="relu",
                              scale_embeddings=True, init_std=None),
+    "bert-base": dict(vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512,
+                      position="learned", norm="layernorm", norm_eps=1e-12, norm_position="post", ffn="gelu",
+                      bias=True, tie_embeddings=True, dropout=0.1, embedding_norm=True, type_vocab_size=2),
+    "bert-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=128, position="learned",
+                      norm="layernorm", norm_eps=1e-12, norm_position="post", ffn="gelu", bias=True,
+                      tie_embeddings=True, embedding_norm=True, type_vocab_size=2),
+    "t5-small": dict(vocab_size=32128, d_model=512, n_layers=6, n_decoder_layers=6, n_heads=8, head_dim=64,
+                     d_ff=2048, max_len=512, position="t5", norm="rmsnorm", norm_eps=1e-6, norm_position="pre",
+                     ffn="relu", bias=False, tie_embeddings=True, attention_scale=1.0, dropout=0.1, init_std=None),
+    "t5-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_decoder_layers=2, n_heads=4, d_ff=256, max_len=256,
+                    position="t5", norm="rmsnorm", norm_eps=1e-6, norm_position="pre", ffn="relu", bias=False,
+                    tie_embeddings=True, attention_scale=1.0, init_std=None),
     "tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, max_len=256, **_GPT2),
     "small": dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, max_len=512, **_GPT2),
     "llama-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_len=256, **_LLAMA),

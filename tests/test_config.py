@@ -56,3 +56,10 @@ def test_unknown_preset_and_immutability():
         c.d_model = 3  # frozen: a model's config cannot drift from its weights
     with pytest.raises(ValueError, match="n_layers must be an int >= 1"):
         c.replace(n_layers=0)
+
+
+def test_bert_and_t5_fields_are_validated():
+    with pytest.raises(ValueError, match="type_vocab_size must be an int >= 0"):
+        ModelConfig(vocab_size=10, type_vocab_size=-1)
+    with pytest.raises(ValueError, match="embedding_norm must be a bool"):
+        ModelConfig(vocab_size=10, embedding_norm="yes")

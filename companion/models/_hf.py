@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from companion.config import ModelConfig
 
-__all__ = ["gpt_from_hf"]
+__all__ = ["gpt_from_hf", "bert_from_hf", "t5_from_hf"]
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
@@ -112,4 +112,115 @@ def gpt_from_hf(cls, hf_model: nn.Module):
         _copy(model.stack.norm.weight, sd["model.norm.weight"], "norm")
         if not config.tie_embeddings:
             _copy(model.head.weight, sd["lm_head.weight"], "lm_head")
+    return model.eval()
+
+
+def _bert_config(c) -> ModelConfig:
+    _refuse(c.hidden_act not in _GPT2_ACTIVATIONS, f"hidden_act={c.hidden_act!r}")
+    positions = getattr(c, "position_embedding_type", "absolute")
+    _refuse(positions != "absolute", f"position_embedding_type={positions!r}")
+    return ModelConfig(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+                       n_heads=c.num_attention_heads, d_ff=c.intermediate_size, max_len=c.max_position_embeddings,
+                       position="learned", norm="layernorm", norm_eps=c.layer_norm_eps, norm_position="post",
+                       ffn=_GPT2_ACTIVATIONS[c.hidden_act], bias=True, tie_embeddings=True, dropout=0.0,
+                       embedding_norm=True, type_vocab_size=c.type_vocab_size,
+                       pad_id=c.pad_token_id if c.pad_token_id is not None else 0)
+
+
+def bert_from_hf(cls, hf_model: nn.Module):
+    """Build ``cls`` (:class:`~companion.models.bert.BERT`) from a ``BertModel`` or ``BertForPreTraining``."""
+    kind = type(hf_model).__name__
+    if kind not in ("BertModel", "BertForPreTraining"):
+        raise TypeError(f"hf_model must be a transformers BertModel or BertForPreTraining, got {kind}")
+    config = _bert_config(hf_model.config)
+    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    p0 = "bert." if kind == "BertForPreTraining" else ""
+    if p0 + "pooler.dense.weight" not in sd:
+        raise ValueError("cannot convert this model: it has no pooler (add_pooling_layer=False)")
+    param = next(hf_model.parameters())
+    model = cls(config).to(device=param.device, dtype=param.dtype)
+    e = p0 + "embeddings."
+    _copy(model.tok_emb.weight, sd[e + "word_embeddings.weight"], "word_embeddings")
+    _copy(model.stack.positions.table.weight, sd[e + "position_embeddings.weight"], "position_embeddings")
+    _copy(model.seg_emb.weight, sd[e + "token_type_embeddings.weight"], "token_type_embeddings")
+    _copy(model.stack.embedding_norm.weight, sd[e + "LayerNorm.weight"], "embeddings.LayerNorm")
+    _copy(model.stack.embedding_norm.bias, sd[e + "LayerNorm.bias"], "embeddings.LayerNorm")
+    for i, block in enumerate(model.layers):
+        p = f"{p0}encoder.layer.{i}."
+        for part in ("weight", "bias"):
+            qkv = torch.cat([sd[p + f"attention.self.{n}.{part}"] for n in ("query", "key", "value")])
+            _copy(getattr(block.self_attn.in_proj, part), qkv, p + "attention.self")
+            for ours, theirs in ((block.self_attn.out_proj, "attention.output.dense"),
+                                 (block.self_norm, "attention.output.LayerNorm"),
+                                 (block.ffn.w1, "intermediate.dense"), (block.ffn.w2, "output.dense"),
+                                 (block.ffn_norm, "output.LayerNorm")):
+                _copy(getattr(ours, part), sd[p + f"{theirs}.{part}"], p + theirs)
+    for part in ("weight", "bias"):
+        _copy(getattr(model.pooler, part), sd[p0 + f"pooler.dense.{part}"], "pooler")
+        if kind == "BertForPreTraining":
+            _copy(getattr(model.mlm_transform, part), sd[f"cls.predictions.transform.dense.{part}"], "transform")
+            _copy(getattr(model.mlm_norm, part), sd[f"cls.predictions.transform.LayerNorm.{part}"], "transform.LN")
+            _copy(getattr(model.nsp_head, part), sd[f"cls.seq_relationship.{part}"], "seq_relationship")
+    if kind == "BertForPreTraining":
+        _copy(model.mlm_bias, sd["cls.predictions.bias"], "cls.predictions.bias")
+    return model.eval()
+
+
+def _t5_config(c) -> ModelConfig:
+    # T5 ties the output layer to the embeddings *and* rescales the decoder's states by d^-0.5;
+    # T5 v1.1 does neither. transformers 5 records the rescaling as scale_decoder_outputs; a model
+    # that does not rescale is converted with its own output layer (a copy when the two are tied).
+    scaled = bool(getattr(c, "scale_decoder_outputs", c.tie_word_embeddings))
+    ffns = {"relu": "relu", "gated-gelu": "geglu"}
+    _refuse(c.feed_forward_proj not in ffns, f"feed_forward_proj={c.feed_forward_proj!r}")
+    return ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=c.num_layers,
+                       n_decoder_layers=c.num_decoder_layers, n_heads=c.num_heads, head_dim=c.d_kv, d_ff=c.d_ff,
+                       max_len=512, position="t5", t5_num_buckets=c.relative_attention_num_buckets,
+                       t5_max_distance=c.relative_attention_max_distance, norm="rmsnorm",
+                       norm_eps=c.layer_norm_epsilon, norm_position="pre", ffn=ffns[c.feed_forward_proj], bias=False,
+                       tie_embeddings=scaled, attention_scale=1.0, dropout=0.0, init_std=None, pad_id=c.pad_token_id)
+
+
+def _copy_t5_attention(attention: nn.Module, sd: dict, p: str) -> None:
+    _copy(attention.in_proj.weight, torch.cat([sd[p + n + ".weight"] for n in "qkv"]), p + "qkv")
+    _copy(attention.out_proj.weight, sd[p + "o.weight"], p + "o")
+
+
+def _copy_t5_ffn(ffn: nn.Module, sd: dict, p: str, gated: bool) -> None:
+    if gated:
+        for ours, theirs in (("w_gate", "wi_0"), ("w_in", "wi_1"), ("w_out", "wo")):
+            _copy(getattr(ffn, ours).weight, sd[p + f"DenseReluDense.{theirs}.weight"], p + theirs)
+    else:
+        _copy(ffn.w1.weight, sd[p + "DenseReluDense.wi.weight"], p + "wi")
+        _copy(ffn.w2.weight, sd[p + "DenseReluDense.wo.weight"], p + "wo")
+
+
+def t5_from_hf(cls, hf_model: nn.Module):
+    """Build ``cls`` (:class:`~companion.models.t5.T5`) from a ``T5ForConditionalGeneration``."""
+    kind = type(hf_model).__name__
+    if kind != "T5ForConditionalGeneration":
+        raise TypeError(f"hf_model must be a transformers T5ForConditionalGeneration, got {kind}")
+    config = _t5_config(hf_model.config)
+    gated = config.ffn == "geglu"
+    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    param = next(hf_model.parameters())
+    model = cls(config).to(device=param.device, dtype=param.dtype)
+    _copy(model.src_embed.weight, sd["shared.weight"], "shared")
+    for stack, name in ((model.encoder, "encoder"), (model.decoder, "decoder")):
+        bias = f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        _copy(stack.positions.t5.relative_attention_bias.weight, sd[bias], bias)
+        for i, block in enumerate(stack.layers):
+            p = f"{name}.block.{i}.layer."
+            _copy_t5_attention(block.self_attn, sd, p + "0.SelfAttention.")
+            _copy(block.self_norm.weight, sd[p + "0.layer_norm.weight"], p + "0.layer_norm")
+            ffn_layer = 1
+            if name == "decoder":
+                _copy_t5_attention(block.cross_attn, sd, p + "1.EncDecAttention.")
+                _copy(block.cross_norm.weight, sd[p + "1.layer_norm.weight"], p + "1.layer_norm")
+                ffn_layer = 2
+            _copy_t5_ffn(block.ffn, sd, p + f"{ffn_layer}.", gated)
+            _copy(block.ffn_norm.weight, sd[p + f"{ffn_layer}.layer_norm.weight"], p + f"{ffn_layer}.layer_norm")
+        _copy(stack.norm.weight, sd[f"{name}.final_layer_norm.weight"], f"{name}.final_layer_norm")
+    if not config.tie_embeddings:
+        _copy(model.out_proj.weight, sd.get("lm_head.weight", sd["shared.weight"]), "lm_head")
     return model.eval()

@@ -76,10 +76,21 @@ class Transformer(nn.Module):
         """Bool key mask ``(batch, 1, 1, src_len)``: True at real source tokens, False at padding."""
         return padding_mask(ids=src, pad_id=self.pad_id)
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
-        """Source ids ``(batch, src_len)`` -> ``(memory (batch, src_len, d_model), mask (batch, 1, 1, src_len))``."""
+    def encode(self, src: Tensor, attention_mask: Tensor | None = None,
+               need_weights: bool = False) -> tuple[Tensor, Tensor]:
+        """Source ids ``(batch, src_len)`` -> ``(memory (batch, src_len, d_model), mask (batch, 1, 1, src_len))``.
+
+        ``attention_mask`` ``(batch, src_len)``: 1 at real tokens, 0 at padding (HF's convention);
+        default: every id that is not ``pad_id``.
+        """
         check_ids("src", src, self.src_vocab_size)
-        mask = self.source_mask(src)
+        if attention_mask is None:
+            mask = self.source_mask(src)
+        elif not isinstance(attention_mask, Tensor) or attention_mask.shape != src.shape:
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must have the shape of src {tuple(src.shape)}, got {got}")
+        else:
+            mask = attention_mask.bool()[:, None, None, :]
         return self.encoder(self._embed(self.src_embed, src), mask=mask, need_weights=need_weights), mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None, *, cache: KVCache | None = None,
@@ -97,17 +108,22 @@ class Transformer(nn.Module):
                              f"got {tuple(memory.shape)}")
         h = self.decoder(self._embed(self.tgt_embed, tgt_in), cache=cache, memory=memory, memory_mask=src_mask,
                          cross_cache=cross_cache, need_weights=need_weights)
+        return self.project(h)
+
+    def project(self, h: Tensor) -> Tensor:
+        """Decoder states ``(batch, tgt_len, d_model)`` -> logits ``(batch, tgt_len, tgt_vocab)``."""
         if self.out_proj is not None:
             return self.out_proj(h)
         return F.linear(h, self.tgt_embed.weight)  # tied: logit_v = h · e_v
 
-    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False, *,
+                attention_mask: Tensor | None = None) -> Tensor:
         """Logits ``(batch, tgt_len, tgt_vocab)`` for source ids ``(batch, src_len)`` and decoder inputs
-        ``(batch, tgt_len)``."""
+        ``(batch, tgt_len)``; ``attention_mask`` over the source as in :meth:`encode`."""
         if isinstance(src, Tensor) and isinstance(tgt_in, Tensor) and src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"source and target batch sizes differ: src has shape {tuple(src.shape)}, "
                              f"tgt has shape {tuple(tgt_in.shape)}")
-        memory, mask = self.encode(src, need_weights=need_weights)
+        memory, mask = self.encode(src, attention_mask, need_weights=need_weights)
         return self.decode(tgt_in, memory, mask, need_weights=need_weights)
 
     def make_caches(self, batch_size: int, max_len: int, src_len: int) -> tuple[KVCache, KVCache]:

@@ -1,0 +1,132 @@
+"""Tests for companion.objectives: MLM masking, NSP pairs, span corruption, T5 lengths, distillation."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from companion.objectives import distillation_loss, mlm_mask, nsp_pairs, pack_pair, span_corrupt, t5_lengths
+
+SPECIALS = [0, 1, 2, 3]  # pad, [CLS], [SEP], [MASK]
+
+
+def _batch(seed=0, shape=(64, 128), vocab=50):
+    ids = torch.randint(4, vocab, shape, generator=torch.Generator().manual_seed(seed))
+    ids[:, 0], ids[:, -1] = 1, 2
+    ids[: shape[0] // 2, -20:] = 0  # padding
+    return ids
+
+
+def test_mlm_mask_rates_and_invariants():
+    ids = _batch()
+    inputs, labels = mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS,
+                              generator=torch.Generator().manual_seed(1))
+    chosen = labels != -100
+    candidates = ~torch.isin(ids, torch.tensor(SPECIALS))
+    assert not (chosen & ~candidates).any()  # specials and padding are never chosen
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert abs(chosen.sum().item() / candidates.sum().item() - 0.15) < 0.01
+    masked = chosen & (inputs == 3)
+    changed = chosen & (inputs != ids) & (inputs != 3)
+    kept = chosen & (inputs == ids)
+    n = chosen.sum().item()
+    assert abs(masked.sum().item() / n - 0.8) < 0.03 and abs(changed.sum().item() / n - 0.1) < 0.03
+    assert abs(kept.sum().item() / n - 0.1) < 0.035  # includes random draws of the same token (1/46)
+    assert not torch.isin(inputs[changed], torch.tensor(SPECIALS)).any()  # random replacements are never special
+    assert torch.equal(inputs[~chosen], ids[~chosen])
+
+
+def test_static_and_dynamic_masking():
+    ids = _batch(shape=(4, 64))
+    a = mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS, generator=torch.Generator().manual_seed(5))
+    b = mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS, generator=torch.Generator().manual_seed(5))
+    c = mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[1], c[1])  # static: fixed once; dynamic: fresh draws
+
+
+def test_whole_word_masking_masks_all_pieces_of_a_word():
+    ids = torch.randint(4, 50, (8, 40), generator=torch.Generator().manual_seed(0))
+    word_ids = (torch.arange(40) // 3).repeat(8, 1)  # every word is 3 pieces
+    _, labels = mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS, word_ids=word_ids, mask_prob=0.3,
+                         generator=torch.Generator().manual_seed(2))
+    chosen = (labels != -100).view(8, -1)[:, :39].reshape(8, 13, 3)
+    assert chosen.any() and (chosen.all(-1) | ~chosen.any(-1)).all()  # all pieces of a word, or none
+
+
+def test_nsp_pairs_and_packing():
+    passages = [[10 * i + j for j in range(3)] for i in range(20)]
+    pairs = nsp_pairs(passages, 400, generator=torch.Generator().manual_seed(0))
+    nexts = [(a, b) for a, b, label in pairs if label == 0]
+    assert 150 < len(nexts) < 250
+    assert all(b[0] == a[0] + 10 for a, b in nexts)  # consecutive passages
+    assert all(b[0] != a[0] + 10 for a, b, label in pairs if label == 1)
+    ids, segments = pack_pair([5, 6, 7], [8, 9], cls_id=1, sep_id=2, max_len=8)
+    assert ids == [1, 5, 6, 7, 2, 8, 9, 2] and segments == [0, 0, 0, 0, 0, 1, 1, 1]
+    ids, _ = pack_pair(list(range(10, 20)), [8, 9], cls_id=1, sep_id=2, max_len=8)
+    assert ids == [1, 10, 11, 12, 2, 8, 9, 2]  # the longer passage loses tokens from its end
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(2, 120), density=st.sampled_from([0.15, 0.3, 0.5]), span=st.sampled_from([1.0, 3.0, 5.0]),
+       seed=st.integers(0, 1000))
+def test_span_corruption_merges_back_into_the_original(length, density, span, seed):
+    ids = torch.arange(1000, 1000 + 2 * length).view(2, length)
+    sentinels = list(range(99, 0, -1))
+    inputs, targets = span_corrupt(ids, noise_density=density, mean_span_length=span, sentinel_ids=sentinels,
+                                   generator=torch.Generator().manual_seed(seed))
+    n_noise = min(max(round(length * density), 1), length - 1)
+    n_spans = min(max(round(n_noise / span), 1), n_noise, length - n_noise)
+    assert inputs.shape == (2, length - n_noise + n_spans) and targets.shape == (2, n_noise + n_spans)
+    for row_in, row_tgt, original in zip(inputs.tolist(), targets.tolist(), ids.tolist()):
+        spans, current = {}, None
+        for tok in row_tgt:
+            if tok < 100:
+                current = tok
+                spans[current] = []
+            else:
+                spans[current].append(tok)
+        merged = [t for tok in row_in for t in (spans[tok] if tok < 100 else [tok])]
+        assert merged == original
+        assert all(len(s) >= 1 for s in spans.values()) and row_tgt[0] == 99
+
+
+def test_span_corruption_targets_are_shorter_and_t5_lengths_match_the_papers_setup():
+    assert t5_lengths(512) == (568, 114)  # T5 / HF run_t5_mlm: 568 raw tokens for 512 inputs
+    raw, target_len = t5_lengths(128)
+    ids = torch.arange(raw).view(1, raw) + 200
+    inputs, targets = span_corrupt(ids, sentinel_ids=list(range(100)), eos_id=199,
+                                   generator=torch.Generator().manual_seed(0))
+    assert inputs.shape[1] == 128 and targets.shape[1] == target_len
+    assert targets.shape[1] < 0.25 * raw  # vs i.i.d. masking, which predicts at the full length
+
+
+def test_distillation_loss_terms():
+    torch.manual_seed(0)
+    s, t = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    labels = torch.full((2, 5), -100)
+    labels[:, 1] = 3
+    hs, ht = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    loss = distillation_loss(s, t, labels, student_hidden=hs, teacher_hidden=ht, temperature=2.0, alpha=5.0,
+                             beta=2.0, gamma=1.0)
+    kl = F.kl_div((s / 2).log_softmax(-1).flatten(0, 1), (t / 2).softmax(-1).flatten(0, 1), reduction="batchmean")
+    mlm = F.cross_entropy(s.flatten(0, 1), labels.flatten())
+    cos = 1 - F.cosine_similarity(hs, ht, dim=-1).mean()
+    torch.testing.assert_close(loss, 5.0 * 4 * kl + 2.0 * mlm + cos)
+    # a student equal to its teacher has zero KL and zero cosine loss
+    same = distillation_loss(t, t, labels, student_hidden=ht, teacher_hidden=ht)
+    torch.testing.assert_close(same, 2.0 * F.cross_entropy(t.flatten(0, 1), labels.flatten()))
+
+
+def test_bad_arguments():
+    ids = _batch(shape=(2, 10))
+    with pytest.raises(ValueError, match="ratios must be three non-negative shares summing to 1"):
+        mlm_mask(ids, vocab_size=50, mask_id=3, special_ids=SPECIALS, ratios=(0.8, 0.1, 0.2))
+    with pytest.raises(ValueError, match="ids must be an integer tensor with 2 dims"):
+        mlm_mask(ids[0], vocab_size=50, mask_id=3, special_ids=SPECIALS)
+    with pytest.raises(ValueError, match="sentinel_ids holds 0 sentinels"):
+        span_corrupt(ids, sentinel_ids=[])
+    with pytest.raises(ValueError, match="passages must hold at least 3"):
+        nsp_pairs([[1], [2]], 3)
+    with pytest.raises(ValueError, match="student and teacher logits must have one shape"):
+        distillation_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.zeros(2, 3, dtype=torch.long))

@@ -1,0 +1,77 @@
+"""Tests for companion.models.t5: equal to HF T5 (logits and decoding), the published size, sharing."""
+
+import logging
+
+import pytest
+import torch
+
+from companion.config import ModelConfig
+from companion.generation import beam_search, greedy_decode
+from companion.models.t5 import T5
+from companion.utils import count_parameters
+
+
+def _hf(**kw):
+    transformers = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=60, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=0, **kw)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(2, 60, (3, 9), generator=g)
+    mask = torch.ones_like(src)
+    mask[1, 6:] = 0
+    mask[2, 3:] = 0
+    tgt = torch.randint(2, 60, (3, 5), generator=g)
+    tgt[:, 0] = 0  # T5 starts decoding from the padding id
+    return src * mask, mask, tgt
+
+
+@pytest.mark.parametrize("kw", [{}, {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+                                {"num_decoder_layers": 3}])
+def test_from_hf_gives_equal_logits_with_source_padding(kw):
+    hf = _hf(**kw)
+    ours = T5.from_hf(hf)
+    src, mask, tgt = _batch()
+    with torch.no_grad():
+        expected = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        got = ours(src, tgt, attention_mask=mask)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_and_beam_decoding_match_hf_generate():
+    hf = _hf()
+    ours = T5.from_hf(hf)
+    src, mask, _ = _batch()
+    with torch.no_grad():
+        greedy = hf.generate(src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        beam = hf.generate(src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=3,
+                           length_penalty=0.0, early_stopping=True)
+    assert torch.equal(greedy_decode(ours, src, 0, 1, max_len=8), greedy)
+    assert torch.equal(beam_search(ours, src, 0, 1, beam_size=3, max_len=8, alpha=0.0), beam)
+
+
+def test_t5_small_has_the_published_size_and_shares_one_bias_table_per_stack():
+    model = T5(ModelConfig.preset("t5-small"))
+    assert count_parameters(model) == 60_506_624  # HF T5ForConditionalGeneration('t5-small')
+    assert model.src_embed is model.tgt_embed and model.out_proj is None
+    tables = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
+    assert tables == ["encoder.positions.t5.relative_attention_bias.weight",
+                      "decoder.positions.t5.relative_attention_bias.weight"]
+    assert model.encoder.positions.t5.bidirectional and not model.decoder.positions.t5.bidirectional
+    assert not any(n.endswith(".bias") and "relative" not in n for n, _ in model.named_parameters())
+
+
+def test_tied_output_is_rescaled():
+    torch.manual_seed(0)
+    model = T5(ModelConfig.preset("t5-tiny", vocab_size=40)).eval()
+    h = torch.randn(1, 2, 64)
+    torch.testing.assert_close(model.project(h), (h * 64**-0.5) @ model.src_embed.weight.T)
+    with pytest.raises(ValueError, match="T5 shares one vocabulary"):
+        T5(ModelConfig.preset("t5-tiny", vocab_size=40, tgt_vocab_size=30))
+    with pytest.raises(TypeError, match="T5ForConditionalGeneration"):
+        T5.from_hf(torch.nn.Linear(2, 2))
