@@ -12,6 +12,7 @@ import importlib.util
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,8 +21,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "0")
 
-import datasets  # noqa: E402
 import torch  # noqa: E402
+
+with warnings.catch_warnings():
+    # In Jupyter without ipywidgets, tqdm.auto (which datasets imports) warns once, at import,
+    # that it falls back to text progress bars. Silence that notice here only: a process-wide
+    # filter would be a side effect of importing the package.
+    warnings.simplefilter("ignore")
+    import datasets  # noqa: E402
 
 __all__ = [
     "GENRES",
