@@ -103,7 +103,9 @@ def fused_attention(
     with no allowed key returns zeros), but only the output ``(batch, heads, q_len, d_v)`` is
     returned: ``torch.nn.functional.scaled_dot_product_attention`` picks a FlashAttention-style
     kernel that computes the softmax block by block and never stores the ``(q_len, k_len)``
-    weights, which is what makes it fast and O(L) in memory (Dao et al., 2022).
+    weights, which is what makes it fast and O(L) in memory (Dao et al., 2022) — as long as no
+    ``(q_len, k_len)`` mask or bias tensor is passed in, since that tensor is itself L × L (use
+    ``is_causal`` for the causal mask).
 
     ``is_causal=True`` (only with ``mask=None``, ``bias=None`` and ``q_len == k_len``) asks the
     kernel to apply the causal mask itself, which lets it skip the masked blocks.
