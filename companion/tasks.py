@@ -137,7 +137,8 @@ class Seq2SeqTask:
         """One example from a random integer ``draw`` in ``[0, 2**62)``: ``(src tokens, tgt tokens, key)``."""
         raise NotImplementedError
 
-    def pairs(self, n: int, generator: torch.Generator | None = None, split: str = "train") -> list[tuple[list[str], list[str]]]:
+    def pairs(self, n: int, generator: torch.Generator | None = None,
+              split: str = "train") -> list[tuple[list[str], list[str]]]:
         """``n`` examples of ``split`` (``"train"``, ``"test"`` or ``"all"``) as token lists."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
@@ -154,7 +155,8 @@ class Seq2SeqTask:
                         break
         return out
 
-    def sample(self, n: int, generator: torch.Generator | None = None, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None,
+               split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         """A batch ``(src, tgt)``: ``(n, src_len)`` and ``(n, tgt_len)`` int64, right-padded with 0.
 
         The source is the source tokens; the target is ``<bos> tokens <eos>`` (teacher forcing
