@@ -30,11 +30,21 @@ def test_saved_tensor_bytes_counts_what_backward_needs():
     assert saved_tensor_bytes(lambda: a @ b) == (64 * 32 + 32 * 16) * 4  # matmul saves both inputs
 
 
+def test_cpu_clock_ignores_time_spent_waiting():
+    import time
+
+    assert best_time(lambda: time.sleep(0.02), repeats=2, warmup=0, clock="cpu") < 0.01  # sleeping uses no CPU
+    busy = best_time(lambda: sum(range(200_000)), repeats=2, clock="cpu")
+    assert busy > 0
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="repeats"):
         best_time(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="inner"):
         best_time(lambda: None, inner=0)
+    with pytest.raises(ValueError, match="clock must be 'wall' or 'cpu'"):
+        best_time(lambda: None, clock="gpu")
     synchronize("cpu")  # a no-op, but must accept the CPU
 
 
