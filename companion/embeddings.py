@@ -1,9 +1,17 @@
 """Static word embeddings: skip-gram word2vec with negative sampling (Mikolov et al., 2013a, 2013b).
 
-The proxy task: from a centre word :math:`w`, tell the words really seen around it (within a
-window) from ``negatives`` words drawn at random from the unigram distribution raised to 3/4. Each
-word has an input vector :math:`v_w` (the embedding we keep) and an output vector :math:`u_w`; the
-loss for one (centre, context) pair with negatives :math:`n_1..n_K` is (Mikolov et al., 2013b, eq. 4)
+Skip-gram models the probability of a context word :math:`c` near a centre word :math:`w` with a
+softmax over the whole vocabulary (Mikolov et al., 2013b, eq. 2),
+
+.. math:: p(c \\mid w) = \\frac{\\exp(u_c^\\top v_w)}{\\sum_{j=1}^{V} \\exp(u_j^\\top v_w)},
+
+whose loss and gradient touch all :math:`V` output vectors for every pair: :math:`O(Vd)` work
+(:meth:`SkipGram.softmax_loss`). Negative sampling replaces it with a cheaper proxy task: from a
+centre word :math:`w`, tell the words really seen around it (within a window) from ``negatives``
+words drawn at random from the unigram distribution raised to 3/4. Each word has an input vector
+:math:`v_w` (the embedding we keep) and an output vector :math:`u_w`; the loss for one
+(centre, context) pair with negatives :math:`n_1..n_K` is (Mikolov et al., 2013b, eq. 4), at
+:math:`O(Kd)` cost,
 
 .. math:: -\\log\\sigma(u_{c}^\\top v_w) - \\sum_{k=1}^{K} \\log\\sigma(-u_{n_k}^\\top v_w).
 
@@ -145,8 +153,20 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
+def _check_pairs(centres: torch.Tensor, contexts: torch.Tensor) -> None:
+    if not isinstance(centres, torch.Tensor) or not isinstance(contexts, torch.Tensor):
+        raise TypeError(f"centres and contexts must be torch.Tensor, got {type(centres).__name__} "
+                        f"and {type(contexts).__name__}")
+    if centres.dim() != 1 or contexts.shape != centres.shape:
+        raise ValueError(
+            f"centres and contexts must be 1-D of the same shape, got {tuple(centres.shape)} "
+            f"and {tuple(contexts.shape)}"
+        )
+
+
 class SkipGram(nn.Module):
-    """Skip-gram with negative sampling: two embedding tables and a logistic loss.
+    """Skip-gram: two embedding tables, with the negative-sampling loss (:meth:`forward`, what
+    word2vec trains) and the full-softmax loss it replaces (:meth:`softmax_loss`).
 
     Args:
         vocab_size: number of words ``V``.
@@ -178,11 +198,7 @@ class SkipGram(nn.Module):
         Returns:
             A scalar: ``-log σ(u_c·v_w) - Σ_k log σ(-u_{n_k}·v_w)``, averaged over the batch.
         """
-        if centres.dim() != 1 or contexts.shape != centres.shape:
-            raise ValueError(
-                f"centres and contexts must be 1-D of the same shape, got {tuple(centres.shape)} "
-                f"and {tuple(contexts.shape)}"
-            )
+        _check_pairs(centres, contexts)
         if negatives.dim() != 2 or negatives.shape[0] != centres.shape[0]:
             raise ValueError(f"negatives must be (batch, K) with batch={len(centres)}, got {tuple(negatives.shape)}")
         v = self.input(centres)  # (batch, d)
@@ -194,6 +210,25 @@ class SkipGram(nn.Module):
         # -log σ(s) for the positive and -log σ(-s) for negatives is exactly BCE with logits.
         return F.binary_cross_entropy_with_logits(scores, labels, reduction="sum") / len(centres)
 
+    def softmax_loss(self, centres: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
+        """Mean full-softmax skip-gram loss (eq. 2 of Mikolov et al., 2013b) over a batch.
+
+        ``-log p(c | w)`` with ``p(c | w) = exp(u_c·v_w) / Σ_j exp(u_j·v_w)``, the sum running over
+        all ``V`` words: the scores are a ``(batch, d) @ (d, V)`` product, so each pair costs
+        ``O(V d)`` and its gradient reaches every row of :attr:`output`. The negative-sampling
+        loss of :meth:`forward` is the cheap replacement word2vec trains with.
+
+        Args:
+            centres: ``(batch,)`` centre word ids.
+            contexts: ``(batch,)`` ids of words seen near them.
+
+        Returns:
+            A scalar: ``-log p(c | w)`` averaged over the batch.
+        """
+        _check_pairs(centres, contexts)
+        scores = self.input(centres) @ self.output.weight.T  # (batch, V)
+        return F.cross_entropy(scores, contexts)
+
 
 class Word2Vec:
     """Trained word vectors with cosine-similarity queries.
@@ -202,17 +237,23 @@ class Word2Vec:
         itos: the words, in id order.
         vectors: ``(V, d)`` float tensor, row ``i`` the vector of ``itos[i]``.
         counts: ``(V,)`` training counts, or ``None``.
+        context_vectors: ``(V, d)`` output vectors :math:`u_w` (:attr:`SkipGram.output`), or ``None``.
     """
 
-    def __init__(self, itos: Sequence[str], vectors: torch.Tensor, counts: torch.Tensor | None = None):
+    def __init__(self, itos: Sequence[str], vectors: torch.Tensor, counts: torch.Tensor | None = None,
+                 context_vectors: torch.Tensor | None = None):
         if vectors.dim() != 2 or vectors.shape[0] != len(itos):
             raise ValueError(f"vectors must be (len(itos)={len(itos)}, d), got {tuple(vectors.shape)}")
+        if context_vectors is not None and context_vectors.shape != vectors.shape:
+            raise ValueError(f"context_vectors must have the shape of vectors {tuple(vectors.shape)}, "
+                             f"got {tuple(context_vectors.shape)}")
         if len(set(itos)) != len(itos):
             raise ValueError("itos must hold distinct words")
         self.itos = list(itos)
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         self.vectors = vectors.detach()
         self.counts = counts
+        self.context_vectors = None if context_vectors is None else context_vectors.detach()
         self._unit = F.normalize(self.vectors.float(), dim=1)
 
     @classmethod
@@ -252,7 +293,8 @@ class Word2Vec:
                 busy cores we measured 22 s with one thread against 130 s with two.
 
         Returns:
-            The trained :class:`Word2Vec` (vectors on the CPU).
+            The trained :class:`Word2Vec` (vectors on the CPU), with the output vectors as
+            ``context_vectors``.
         """
         if isinstance(words, str) or not isinstance(words, Sequence):
             raise TypeError(f"words must be a sequence of str (e.g. a list), got {type(words).__name__}")
@@ -316,7 +358,7 @@ class Word2Vec:
                 f"no training pairs: after min_count={min_count} and subsample={subsample}, no two words "
                 "are left side by side; use a larger corpus or a larger subsample threshold"
             )
-        return cls(itos, model.input.weight.detach().cpu(), counts)
+        return cls(itos, model.input.weight.detach().cpu(), counts, model.output.weight.detach().cpu())
 
     def __len__(self) -> int:
         return len(self.itos)

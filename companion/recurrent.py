@@ -9,10 +9,14 @@ input, forget, cell candidate, output) so that :meth:`from_torch` can copy the w
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from companion._validation import check_choice, check_int
 
 __all__ = ["RNN", "LSTM", "RecurrentClassifier"]
 
@@ -155,7 +159,8 @@ class LSTM(nn.Module):
             h, c = state
             for name, s in (("h0", h), ("c0", c)):
                 if s.shape != (batch, self.hidden_size):
-                    raise ValueError(f"{name} must have shape (batch={batch}, {self.hidden_size}), got {tuple(s.shape)}")
+                    expected = f"(batch={batch}, {self.hidden_size})"
+                    raise ValueError(f"{name} must have shape {expected}, got {tuple(s.shape)}")
         x_proj = x @ self.weight_ih.T + self.bias_ih  # (batch, seq, 4 * hidden), all steps at once
         outputs = []
         for t in range(x.size(1)):
@@ -204,27 +209,87 @@ class RecurrentClassifier(nn.Module):
         vocab_size: number of input token ids.
         n_classes: number of output classes.
         hidden_size: size of the recurrent state (the embedding has the same size).
-        cell: ``"rnn"`` (:class:`RNN`) or ``"lstm"`` (:class:`LSTM`).
-        forget_bias: the LSTM's initial forget-gate bias (ignored for ``"rnn"``).
+        cell: ``"rnn"`` (a vanilla RNN) or ``"lstm"``.
+        forget_bias: added to the LSTM's forget-gate bias at initialisation (ignored for
+            ``"rnn"``); ``1.0`` is the value Jozefowicz et al. (2015) recommend.
+        backend: ``"companion"`` runs :class:`RNN` / :class:`LSTM`, this module's loop over time
+            in Python; ``"torch"`` runs ``torch.nn.RNN`` / ``torch.nn.LSTM``, the same equations
+            with the loop in C++ (several times faster on a CPU for small hidden sizes). Both
+            initialise their weights the same way (uniform in ``±1/sqrt(hidden_size)``).
 
-    ``forward(tokens)`` maps ``(batch, seq)`` token ids to ``(batch, n_classes)`` logits.
+    ``forward(tokens)`` maps ``(batch, seq)`` token ids to ``(batch, n_classes)`` logits;
+    :meth:`classify` does the same from already embedded inputs ``(batch, seq, hidden_size)``.
     """
 
     def __init__(self, vocab_size: int, n_classes: int, hidden_size: int = 64, cell: str = "lstm",
-                 forget_bias: float = 1.0):
+                 forget_bias: float = 1.0, backend: str = "companion"):
         super().__init__()
-        if cell not in ("rnn", "lstm"):
-            raise ValueError(f"cell must be 'rnn' or 'lstm', got {cell!r}")
-        for name, value in (("vocab_size", vocab_size), ("n_classes", n_classes)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_choice("cell", cell, ("rnn", "lstm"))
+        check_choice("backend", backend, ("companion", "torch"))
+        for name, value in (("vocab_size", vocab_size), ("n_classes", n_classes), ("hidden_size", hidden_size)):
+            check_int(name, value, 1)
+        self.cell, self.backend = cell, backend
         self.embedding = nn.Embedding(vocab_size, hidden_size)
-        self.recurrent = RNN(hidden_size, hidden_size) if cell == "rnn" else LSTM(hidden_size, hidden_size, forget_bias)
+        self.recurrent: nn.Module
+        if backend == "companion" and cell == "rnn":
+            self.recurrent = RNN(hidden_size, hidden_size)
+        elif backend == "companion":
+            self.recurrent = LSTM(hidden_size, hidden_size, forget_bias)
+        elif cell == "rnn":
+            self.recurrent = nn.RNN(hidden_size, hidden_size, batch_first=True)
+        else:
+            self.recurrent = nn.LSTM(hidden_size, hidden_size, batch_first=True)
+            with torch.no_grad():  # same layout as LSTM: gates stacked input, forget, candidate, output
+                self.recurrent.bias_hh_l0[hidden_size : 2 * hidden_size] += forget_bias
         self.head = nn.Linear(hidden_size, n_classes)
+
+    def classify(self, embedded: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq, hidden_size)`` embedded inputs -> ``(batch, n_classes)`` logits of the last state."""
+        if not isinstance(embedded, torch.Tensor) or embedded.dim() != 3 or embedded.size(1) == 0:
+            shape = tuple(embedded.shape) if isinstance(embedded, torch.Tensor) else type(embedded).__name__
+            raise ValueError(f"embedded must have shape (batch, seq >= 1, hidden_size), got {shape}")
+        outputs, _ = self.recurrent(embedded)
+        return self.head(outputs[:, -1])
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(batch, seq)`` token ids -> ``(batch, n_classes)`` logits, read from the last state."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}")
-        outputs, _ = self.recurrent(self.embedding(tokens))
-        return self.head(outputs[:, -1])
+        return self.classify(self.embedding(tokens))
+
+    def input_gradient_norms(self, tokens: torch.Tensor, labels: torch.Tensor,
+                             dtype: torch.dtype | None = None) -> torch.Tensor:
+        r"""How much gradient reaches each input: :math:`\lVert \partial \ell_i / \partial x_{i,t} \rVert_2`.
+
+        :math:`\ell_i` is the cross-entropy of example ``i`` and :math:`x_{i,t}` its embedded
+        token at position ``t``. Back-propagation through time carries the gradient from the last
+        state to :math:`x_{i,1}` through one Jacobian per step, :math:`\partial \ell_i/\partial
+        x_{i,1} = \partial \ell_i/\partial h_T \prod_{t=2}^{T} (\partial h_t/\partial h_{t-1})\,
+        \partial h_1/\partial x_{i,1}` (Bengio et al., 1994), so this measures how much of the
+        learning signal survives the distance. The model's parameters and their ``.grad`` are
+        left unchanged.
+
+        Args:
+            tokens: ``(batch, seq)`` token ids.
+            labels: ``(batch,)`` class ids.
+            dtype: compute on a copy of the model in this dtype (``torch.float64`` keeps
+                gradients down to 1e-300 that float32 would round to zero); ``None``: as is.
+
+        Returns:
+            ``(batch, seq)`` gradient norms, detached.
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must have shape (batch, seq), got {got}")
+        if not isinstance(labels, torch.Tensor) or labels.shape != tokens.shape[:1]:
+            got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise ValueError(f"labels must have shape (batch={tokens.size(0)},), got {got}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
+        model = self if dtype is None else copy.deepcopy(self).to(dtype)
+        with torch.enable_grad():
+            embedded = model.embedding(tokens).detach().requires_grad_(True)
+            # Summed, not averaged: example i's gradient is then exactly d loss_i / d x_i.
+            loss = F.cross_entropy(model.classify(embedded), labels, reduction="sum")
+            (grad,) = torch.autograd.grad(loss, embedded)
+        return grad.norm(dim=-1)

@@ -1,6 +1,6 @@
-"""Tokenizers, from characters to byte-level BPE: the trade-offs of Chapter 2, in code.
+"""Tokenizers, from characters to byte-level BPE and WordPiece: the trade-offs of Chapter 2, in code.
 
-Three ways to turn text into integer ids:
+Four ways to turn text into integer ids:
 
 - :class:`CharTokenizer`: one id per character (a thin wrapper around
   :class:`companion.data.CharVocab`, adding an ``<unk>`` id for characters never seen in training).
@@ -10,26 +10,35 @@ Three ways to turn text into integer ids:
 - :class:`BPETokenizer`: byte-level Byte-Pair Encoding (Sennrich et al., 2016; the byte-level
   variant of GPT-2, Radford et al., 2019). Start from the 256 bytes, so that any string can be
   encoded (no OOV, ever), then repeatedly merge the most frequent adjacent pair into a new token.
+- :class:`WordPieceTokenizer`: BERT's WordPiece (Schuster & Nakajima, 2012; Devlin et al., 2019).
+  Words are cut greedily into the longest vocabulary pieces, ``##`` marking a piece that continues
+  a word; a word with a character the vocabulary lacks becomes ``[UNK]`` as a whole. Training
+  merges the pair of units that most increases the likelihood of the training words.
 
 The BPE trainer reproduces Hugging Face ``tokenizers``' ``BpeTrainer`` merge for merge (with the
 ``ByteLevel`` pre-tokenizer, ``add_prefix_space=False`` and the full byte alphabet as initial
 alphabet), and :meth:`BPETokenizer.to_hf` exports a ``tokenizers.Tokenizer`` that encodes every
-string to the same ids. See :meth:`BPETokenizer.train` for the tie-breaking rule.
+string to the same ids. See :meth:`BPETokenizer.train` for the tie-breaking rule. The WordPiece
+tokenizer encodes to the same ids as HF's ``WordPiece`` model behind a ``BertPreTokenizer``
+(:meth:`WordPieceTokenizer.to_hf` builds one).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
+import string
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import regex
 import torch
 
+from companion._validation import check_int
 from companion.data import CharVocab
 from companion.utils import progress as progress_bar
 
@@ -43,6 +52,9 @@ __all__ = [
     "WordTokenizer",
     "BPETokenizer",
     "train_bpe_naive",
+    "BERT_SPECIAL_TOKENS",
+    "bert_pre_tokenize",
+    "WordPieceTokenizer",
 ]
 
 # The pre-tokenization patterns. Text is first cut into chunks with one of these, and merges never
@@ -281,6 +293,39 @@ def _special_splitter(specials: Sequence[str]) -> regex.Pattern | None:
     # Longest first, so that at any position the longest special wins (HF: leftmost-longest).
     alternatives = sorted(specials, key=len, reverse=True)
     return regex.compile("(" + "|".join(regex.escape(s) for s in alternatives) + ")")
+
+
+def _encode_around_specials(
+    text: str,
+    special_regex: regex.Pattern | None,
+    special_ids: dict[str, int],
+    encode_ordinary: Callable[[str, list[int]], None],
+) -> list[int]:
+    """Ids of ``text``: special tokens (found by ``special_regex``) become their ids, and each stretch
+    of text between them is appended by ``encode_ordinary(stretch, ids)``."""
+    ids: list[int] = []
+    if special_regex is None:
+        encode_ordinary(text, ids)
+        return ids
+    for k, part in enumerate(special_regex.split(text)):
+        if k % 2:  # split() with a capture group puts the matched specials at odd positions
+            ids.append(special_ids[part])
+        elif part:
+            encode_ordinary(part, ids)
+    return ids
+
+
+def _encode_cached(
+    pieces: Iterable[str], cache: dict[str, list[int]], encode_piece: Callable[[str], list[int]], ids: list[int]
+) -> None:
+    """Append the ids of each pre-tokenized piece to ``ids``, remembering each distinct piece's ids."""
+    if len(cache) > 200_000:  # bound memory on endless streams of new pieces
+        cache.clear()
+    for piece in pieces:
+        found = cache.get(piece)
+        if found is None:
+            found = cache[piece] = encode_piece(piece)
+        ids.extend(found)
 
 
 def _iter_texts(texts: str | Iterable[str]) -> Iterable[str]:
@@ -595,28 +640,12 @@ class BPETokenizer:
         return ids
 
     def _encode_ordinary(self, text: str, ids: list[int]) -> None:
-        cache = self._cache
-        if len(cache) > 200_000:  # bound memory on endless streams of new chunks
-            cache.clear()
-        for chunk in self._regex.findall(text):
-            found = cache.get(chunk)
-            if found is None:
-                found = cache[chunk] = self._bpe(chunk.encode("utf-8"))
-            ids.extend(found)
+        _encode_cached(self._regex.findall(text), self._cache, lambda chunk: self._bpe(chunk.encode("utf-8")), ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens in it become their single ids."""
-        text = _check_text(text)
-        ids: list[int] = []
-        if self._special_regex is None:
-            self._encode_ordinary(text, ids)
-            return ids
-        for k, part in enumerate(self._special_regex.split(text)):
-            if k % 2:  # split() with a capture group puts the matched specials at odd positions
-                ids.append(self.special_tokens[part])
-            elif part:
-                self._encode_ordinary(part, ids)
-        return ids
+        return _encode_around_specials(_check_text(text), self._special_regex, self.special_tokens,
+                                       self._encode_ordinary)
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The text of ``ids``. Byte sequences that are not valid UTF-8 (a multi-byte character cut
@@ -754,3 +783,463 @@ def train_bpe_naive(
                 j += 1
     bar.close()
     return BPETokenizer(tokens, _dedupe_keep_last(record), pattern)
+
+
+# --------------------------------------------------------------------------------------------------
+# WordPiece (BERT)
+# --------------------------------------------------------------------------------------------------
+
+BERT_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+# BERT's pre-tokenizer: whitespace separates words and is dropped; every punctuation character is a
+# word of its own. Whitespace is Unicode's White_Space property (Rust's ``char::is_whitespace``, as in
+# HF ``tokenizers``); punctuation is ASCII punctuation (which includes symbols such as ``$ + < = > ^
+# ` | ~``) or Unicode general category P, as in BERT's original ``_is_punctuation``.
+_ASCII_PUNCT = regex.escape(string.punctuation)
+_BERT_PATTERN = regex.compile(rf"[\p{{P}}{_ASCII_PUNCT}]|[^\p{{White_Space}}\p{{P}}{_ASCII_PUNCT}]+")
+
+
+def bert_pre_tokenize(text: str) -> list[str]:
+    """Cut ``text`` into words as BERT's pre-tokenizer does (HF ``tokenizers.pre_tokenizers.BertPreTokenizer``).
+
+    Whitespace separates words and is dropped; each punctuation character becomes a word of its own:
+    ``"Hello, world!"`` -> ``["Hello", ",", "world", "!"]``. Whitespace means Unicode's
+    ``White_Space`` property; punctuation means ASCII punctuation or Unicode category ``P*``.
+
+    Caveat: HF classifies punctuation with an older Unicode table (before version 9.0), so it does
+    not split on some 140 punctuation characters added to Unicode since (for example U+2E43) and
+    still splits on three characters Unicode later reclassified (such as U+166D). The two agree on
+    every character of Unicode 3.2, U+166D aside, which is what the tests draw from.
+    """
+    return _BERT_PATTERN.findall(_check_text(text))
+
+
+def _check_token_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string")
+    return value
+
+
+class WordPieceTokenizer:
+    """WordPiece, BERT's subword tokenizer (Schuster & Nakajima, 2012; Wu et al., 2016; Devlin et al., 2019).
+
+    A token either starts a word (``"read"``) or continues one, in which case it carries the
+    ``prefix`` (``"##ing"``). Encoding a string: cut out the special tokens, cut the rest into
+    words with :func:`bert_pre_tokenize`, then cut each word greedily, longest match first: the
+    longest vocabulary token that starts the word, then the longest ``prefix``-token that
+    continues it from there, and so on. If at some point no token matches (a character the
+    vocabulary lacks), or the word has more than ``max_input_chars_per_word`` characters, the
+    *whole word* becomes ``unk_token``. This is HF ``tokenizers``' ``WordPiece`` model behind a
+    ``BertPreTokenizer``, id for id.
+
+    Build one from a vocabulary (BERT's ``vocab.txt`` read as a list) or with :meth:`train`.
+
+    Args:
+        vocab: the tokens in id order, or a mapping from token to id (ids ``0 .. len - 1``).
+        unk_token: the token of words that cannot be cut; must be in ``vocab``.
+        prefix: the mark of a token that continues a word (``"##"`` in BERT).
+        max_input_chars_per_word: longer words become ``unk_token`` (100, as in BERT and HF).
+        special_tokens: tokens of ``vocab`` that ``encode`` finds in raw text and never splits
+            (``"[CLS]"``, ``"[SEP]"``, ...); the longest wins where two overlap.
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[str] | Mapping[str, int],
+        unk_token: str = "[UNK]",
+        prefix: str = "##",
+        max_input_chars_per_word: int = 100,
+        special_tokens: Iterable[str] = (),
+    ):
+        if isinstance(vocab, Mapping):
+            items = sorted(vocab.items(), key=lambda kv: kv[1] if isinstance(kv[1], int) else -1)
+            ids = [i for _, i in items]
+            if any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or ids != list(range(len(ids))):
+                raise ValueError("vocab as a mapping must give the ids 0 .. len(vocab) - 1, each once")
+            tokens = [t for t, _ in items]
+        elif isinstance(vocab, (str, bytes)) or not isinstance(vocab, Iterable):
+            raise TypeError(f"vocab must be a list of tokens or a dict token -> id, got {type(vocab).__name__}")
+        else:
+            tokens = list(vocab)
+        for t in tokens:
+            if not isinstance(t, str) or not t:
+                raise TypeError(f"vocab must hold non-empty strings, got {t!r}")
+        if len(set(tokens)) != len(tokens):
+            dupes = sorted({t for t in tokens if tokens.count(t) > 1})[:5] if len(tokens) < 10_000 else "some"
+            raise ValueError(f"vocab must not repeat a token, got repeats: {dupes}")
+        self.itos: list[str] = tokens
+        self.vocab: dict[str, int] = {t: i for i, t in enumerate(tokens)}
+        self.unk_token = _check_token_str("unk_token", unk_token)
+        if unk_token not in self.vocab:
+            raise ValueError(f"unk_token {unk_token!r} is not in vocab")
+        self.unk_id = self.vocab[unk_token]
+        self.prefix = _check_token_str("prefix", prefix)
+        self.max_input_chars_per_word = check_int("max_input_chars_per_word", max_input_chars_per_word)
+        specials = _check_specials(special_tokens)
+        missing = [s for s in specials if s not in self.vocab]
+        if missing:
+            raise ValueError(f"special_tokens must be tokens of vocab, but {missing} are not")
+        self.special_tokens: dict[str, int] = {s: self.vocab[s] for s in specials}
+        self._special_regex = _special_splitter(specials)
+        # Longest token in characters, without the prefix: no longer match needs to be tried.
+        n = len(prefix)
+        self._longest = max((len(t) - n if t.startswith(prefix) else len(t)) for t in tokens)
+        self._cache: dict[str, list[int]] = {}
+
+    # -- encoding and decoding ------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens (ids ``0 .. vocab_size - 1``)."""
+        return len(self.itos)
+
+    def __repr__(self) -> str:
+        return (
+            f"WordPieceTokenizer(vocab_size={self.vocab_size}, unk_token={self.unk_token!r}, "
+            f"prefix={self.prefix!r}, special_tokens={list(self.special_tokens)})"
+        )
+
+    def _wordpiece(self, word: str) -> list[int]:
+        """Greedy longest-match-first cut of one word into token ids (``[unk_id]`` if impossible)."""
+        if len(word) > self.max_input_chars_per_word:
+            return [self.unk_id]
+        vocab, prefix, longest = self.vocab, self.prefix, self._longest
+        ids: list[int] = []
+        start, n = 0, len(word)
+        while start < n:
+            end = min(n, start + longest)
+            while end > start:
+                piece = word[start:end] if start == 0 else prefix + word[start:end]
+                found = vocab.get(piece)
+                if found is not None:
+                    ids.append(found)
+                    break
+                end -= 1
+            else:
+                return [self.unk_id]
+            start = end
+        return ids
+
+    def _encode_ordinary(self, text: str, ids: list[int]) -> None:
+        _encode_cached(_BERT_PATTERN.findall(text), self._cache, self._wordpiece, ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special tokens in it become their single ids."""
+        return _encode_around_specials(_check_text(text), self._special_regex, self.special_tokens,
+                                       self._encode_ordinary)
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of ``text`` as strings: ``"unreadable"`` -> ``["un", "##read", "##able"]``."""
+        return [self.itos[i] for i in self.encode(text)]
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """The text of ``ids``: tokens joined by single spaces, ``prefix``-tokens glued to the one before.
+
+        Word-level whitespace is not stored, so ``decode(encode(text))`` is the words of ``text``
+        (:func:`bert_pre_tokenize`) joined by single spaces, if no word became ``unk_token``. As HF's
+        ``decoders.WordPiece(cleanup=False)``, a first token that starts with ``prefix`` keeps it.
+        """
+        ids = _ids_list(ids)
+        bad = [i for i in ids if not 0 <= i < len(self.itos)]
+        if bad:
+            raise ValueError(f"ids must be in [0, {len(self.itos)}), got {bad[:10]}")
+        prefix, n = self.prefix, len(self.prefix)
+        parts = []
+        for k, i in enumerate(ids):
+            token = self.itos[i]
+            if k == 0:
+                parts.append(token)
+            elif token.startswith(prefix):
+                parts.append(token[n:])
+            else:
+                parts.append(" " + token)
+        return "".join(parts)
+
+    # -- training -------------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Iterable[str] = BERT_SPECIAL_TOKENS,
+        unk_token: str = "[UNK]",
+        prefix: str = "##",
+        max_input_chars_per_word: int = 100,
+        criterion: str = "likelihood",
+        progress: bool = False,
+    ) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary of ``vocab_size`` tokens from ``texts``.
+
+        The vocabulary starts with ``special_tokens``, then every character of the training words
+        in both forms (``"e"`` and ``"##e"``), sorted, so that any word spelled with those
+        characters has a tokenization. Every word (:func:`bert_pre_tokenize`) starts cut into
+        characters, ``"read"`` -> ``r ##e ##a ##d``. Then, until the vocabulary is full, the adjacent
+        pair of units ``(a, b)`` with the best score merges everywhere into one unit (``a`` followed
+        by ``b`` without its prefix), which joins the vocabulary. With :math:`c(\\cdot)` the counts
+        over all words weighted by their frequency in ``texts`` and :math:`n` the number of units:
+
+        - ``criterion="likelihood"`` (default; Schuster & Nakajima, 2012): the merge that most
+          increases the likelihood of the training words under a unigram language model of the
+          units, refitted after the merge. With :math:`m = c(ab)` merges and :math:`f(x) = x \\ln x`,
+          the log-likelihood changes by
+
+          .. math:: f(c(a) - m) + f(c(b) - m) + f(m) - f(c(a)) - f(c(b)) + f(n) - f(n - m)
+
+          (exactly, when the merged unit is new; for ``a == b`` a run of ``r`` units makes
+          ``r // 2`` merges). When :math:`m` is small next to :math:`c(a)` and :math:`c(b)`, this is
+          about :math:`m\\,(\\ln \\frac{m\\,n}{c(a)\\,c(b)} - 1)`: the pair count times the log of how
+          much more often ``a`` and ``b`` meet than if they were independent, less one.
+        - ``criterion="ratio"``: :math:`c(ab) / (c(a)\\,c(b))`, the score of Hugging Face's
+          description of WordPiece. Without the factor :math:`m` it favours pairs whose parts are
+          rarely seen apart, however rare the pair: names and rare words fill the vocabulary.
+
+        (HF ``tokenizers``' own ``WordPieceTrainer`` runs BPE instead, most frequent pair first.)
+        Ties go to the more frequent pair, then to the pair first in string order. Ratios are
+        compared exactly, as integers; likelihood gains in steps of 2^-20 nats, so that training
+        gives the same vocabulary on every machine.
+
+        Implementation: the unique words weighted by their counts, the words that hold each pair,
+        the pairs that hold each unit, and a max-heap of scores. A merge changes the counts of the
+        neighbouring pairs and of the units ``a``, ``b`` and the new one, so only the pairs that
+        hold those units get a new score. As :math:`n` falls, every likelihood gain falls, so a
+        stored gain is an upper bound: the best entry is recomputed before it is taken.
+
+        Args:
+            texts: a string or an iterable of strings.
+            vocab_size: the size of the vocabulary, special tokens and characters included.
+            special_tokens: tokens put first in the vocabulary (ids ``0, 1, ...``) and never split
+                by ``encode``; occurrences in ``texts`` are cut out before counting.
+            unk_token: one of ``special_tokens``.
+            prefix: the continuation mark.
+            max_input_chars_per_word: passed to the tokenizer.
+            criterion: ``"likelihood"`` or ``"ratio"``, see above.
+            progress: show a ``tqdm`` bar over the merges.
+
+        Returns:
+            The trained tokenizer (smaller than ``vocab_size`` if the words run out of pairs).
+        """
+        specials = _check_specials(special_tokens)
+        unk_token = _check_token_str("unk_token", unk_token)
+        if unk_token not in specials:
+            raise ValueError(f"unk_token {unk_token!r} must be one of special_tokens {specials}")
+        prefix = _check_token_str("prefix", prefix)
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+        if criterion not in WORDPIECE_CRITERIA:
+            raise ValueError(f"criterion must be one of {WORDPIECE_CRITERIA}, got {criterion!r}")
+        word_counts = _count_words(texts, specials)
+        tokens = _train_wordpiece(word_counts, vocab_size, specials, prefix, criterion, progress)
+        return cls(tokens, unk_token, prefix, max_input_chars_per_word, specials)
+
+    # -- Hugging Face export ----------------------------------------------------------------------
+
+    def to_hf(self):
+        """This tokenizer as a Hugging Face ``tokenizers.Tokenizer``: ``WordPiece`` model,
+        ``BertPreTokenizer``, ``WordPiece`` decoder (no clean-up) and the special tokens as added
+        tokens. It encodes every string to the same ids (see :func:`bert_pre_tokenize` for the
+        Unicode caveat) and decodes, with ``skip_special_tokens=False``, to the same text."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        tok = Tokenizer(
+            models.WordPiece(
+                vocab=dict(self.vocab),
+                unk_token=self.unk_token,
+                continuing_subword_prefix=self.prefix,
+                max_input_chars_per_word=self.max_input_chars_per_word,
+            )
+        )
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix=self.prefix, cleanup=False)
+        if self.special_tokens:
+            tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.special_tokens])
+        return tok
+
+
+def _count_words(texts: str | Iterable[str], specials: Sequence[str]) -> Counter[str]:
+    """How often each word (:func:`bert_pre_tokenize`) occurs; special tokens are cut out first."""
+    splitter = _special_splitter(specials)
+    counts: Counter[str] = Counter()
+    for text in _iter_texts(texts):
+        parts = splitter.split(text)[::2] if splitter else [text]
+        for part in parts:
+            counts.update(_BERT_PATTERN.findall(part))
+    return counts
+
+
+_GAIN_STEPS = 2**20  # likelihood gains are compared in steps of 2^-20 nats (see _likelihood_gain)
+WORDPIECE_CRITERIA = ("likelihood", "ratio")
+
+
+def _xlogx(x: int) -> float:
+    return x * math.log(x) if x > 0 else 0.0
+
+
+def _likelihood_gain(m: int, c_a: int, c_b: int, n: int, same: bool) -> int:
+    """Change of the training words' log-likelihood under a unigram model of the units when ``m``
+    pairs ``(a, b)`` merge into a new unit, among ``n`` units in all, in steps of 2^-20 nats
+    (rounded down). With :math:`f(x) = x \\ln x` it is :math:`f(c_a - m) + f(c_b - m) + f(m)
+    - f(c_a) - f(c_b) + f(n) - f(n - m)`, or, when ``a == b`` (``same``), :math:`f(c_a - 2m) + f(m)
+    - f(c_a) + f(n) - f(n - m)`. Steps make the comparison of two gains independent of the last
+    bits of ``log``. The trainer computes the same expression, in the same order, inline."""
+    if same:
+        units = _xlogx(c_a - 2 * m) - _xlogx(c_a)
+    else:  # a + b == b + a in floating point: the gain does not depend on the order of the pair
+        units = (_xlogx(c_a - m) - _xlogx(c_a)) + (_xlogx(c_b - m) - _xlogx(c_b))
+    gain = units + _xlogx(m) + (_xlogx(n) - _xlogx(n - m))
+    return math.floor(gain * _GAIN_STEPS)
+
+
+def _train_wordpiece(
+    word_counts: Counter[str],
+    vocab_size: int,
+    specials: Sequence[str],
+    prefix: str,
+    criterion: str,
+    progress: bool,
+) -> list[str]:
+    """The incremental WordPiece trainer of :meth:`WordPieceTokenizer.train`: the tokens in id order."""
+    chars = sorted({c for word in word_counts for c in word})
+    tokens = list(dict.fromkeys([*specials, *sorted({*chars, *(prefix + c for c in chars)})]))
+    if vocab_size < len(tokens):
+        raise ValueError(
+            f"vocab_size must be at least {len(tokens)} (the special tokens, and each of the {len(chars)} "
+            f"characters of the training words alone and with the prefix), got {vocab_size}"
+        )
+    index_of = {t: i for i, t in enumerate(tokens)}
+    words = [[index_of[w[0]], *(index_of[prefix + c] for c in w[1:])] for w in word_counts]
+    counts = list(word_counts.values())
+
+    unit_count = [0] * len(tokens)
+    pair_count: dict[int, int] = {}
+    where: dict[int, set[int]] = {}  # pair -> words that may hold it
+    pairs_of: dict[int, set[int]] = {}  # unit -> pairs that may hold it
+    for i, (word, count) in enumerate(zip(words, counts)):
+        for u in word:
+            unit_count[u] += count
+        for a, b in zip(word, word[1:]):
+            key = a << _SHIFT | b
+            pair_count[key] = pair_count.get(key, 0) + count
+            where.setdefault(key, set()).add(i)
+            pairs_of.setdefault(a, set()).add(key)
+            pairs_of.setdefault(b, set()).add(key)
+    total = sum(unit_count)  # n: the number of units in the training words; each merge lowers it
+    # Ratios c / (c_a c_b) have denominators <= n^2, so two different ones differ by >= 1 / n^4:
+    # floor(ratio * 2^shift) with 2^shift > n^4 orders them exactly, as integers.
+    shift = 4 * max(total, 1).bit_length() + 1
+    likelihood = criterion == "likelihood"
+    floor = math.floor
+
+    xlogx: dict[int, float] = {0: 0.0}  # f(x) = x ln x, memoised: the same counts recur constantly
+    known = xlogx.get
+
+    def f(x: int) -> float:
+        value = xlogx[x] = x * math.log(x)
+        return value
+
+    def merges_in_runs(a: int, key: int) -> int:
+        """How many (a, a) merges the words make: a run of r units a gives r // 2, not r - 1 pairs."""
+        merges = 0
+        for i in where[key]:
+            run = 0
+            for u in words[i]:
+                if u == a:
+                    run += 1
+                else:
+                    merges += run // 2 * counts[i]
+                    run = 0
+            merges += run // 2 * counts[i]
+        return merges
+
+    def entry(key: int) -> tuple:
+        """Heap entry of a pair: best first, then the more frequent, then string order."""
+        a, b = key >> _SHIFT, key & _MASK
+        c, c_a, c_b = pair_count[key], unit_count[a], unit_count[b]
+        if not likelihood:
+            return (-((c << shift) // (c_a * c_b)), -c, tokens[a], tokens[b], key, c, c_a, c_b, total)
+        m = c if a != b else merges_in_runs(a, key)
+        f_n = known(total) or f(total)
+        f_rest = known(total - m) or f(total - m)
+        f_m = known(m) or f(m)
+        f_a = known(c_a) or f(c_a)
+        if a == b:
+            f_left = known(c_a - 2 * m)
+            units = (f_left if f_left is not None else f(c_a - 2 * m)) - f_a
+        else:  # a + b == b + a in floating point, so the order of the pair does not matter
+            f_b = known(c_b) or f(c_b)
+            f_left, f_right = known(c_a - m), known(c_b - m)
+            units = ((f_left if f_left is not None else f(c_a - m)) - f_a) + (
+                (f_right if f_right is not None else f(c_b - m)) - f_b
+            )
+        gain = floor((units + f_m + (f_n - f_rest)) * _GAIN_STEPS)
+        return (-gain, -c, tokens[a], tokens[b], key, c, c_a, c_b, total)
+
+    def move(old: int, fresh: int, neighbour: int, new: int, i: int, count: int, changed: set[int]) -> None:
+        """In word ``i`` (``count`` times), the pair ``old`` became ``fresh``: ``neighbour`` next to ``new``."""
+        pair_count[old] -= count
+        pair_count[fresh] = pair_count.get(fresh, 0) + count
+        where.setdefault(fresh, set()).add(i)
+        pairs_of.setdefault(neighbour, set()).add(fresh)
+        pairs_of.setdefault(new, set()).add(fresh)
+        changed.add(old)
+        changed.add(fresh)
+
+    heap = [entry(k) for k in pair_count]
+    heapq.heapify(heap)
+    n_prefix = len(prefix)
+    bar = progress_bar(
+        total=vocab_size - len(tokens), enabled=progress, desc="WordPiece merges", leave=False, mininterval=0.5
+    )
+    while len(tokens) < vocab_size and heap:
+        top = heapq.heappop(heap)
+        key = top[4]
+        a, b = key >> _SHIFT, key & _MASK
+        c = pair_count[key]
+        if c < 1 or (c, unit_count[a], unit_count[b]) != top[5:8]:
+            continue  # stale: an entry with the current counts was pushed when they changed
+        if likelihood and top[8] != total:
+            # Every gain falls as n falls, so stored gains are upper bounds: recompute this one and
+            # take it only if it still beats the best bound left.
+            fresh = entry(key)
+            if heap and heap[0] < fresh:
+                heapq.heappush(heap, fresh)
+                continue
+        merged = tokens[a] + tokens[b][n_prefix:]
+        new = index_of.get(merged)
+        if new is None:
+            new = index_of[merged] = len(tokens)
+            tokens.append(merged)
+            unit_count.append(0)
+            bar.update(1)
+        changed: set[int] = set()
+        for i in where.pop(key):
+            word, count = words[i], counts[i]
+            j = 0
+            while j < len(word) - 1:
+                if word[j] == a and word[j + 1] == b:
+                    if j > 0:
+                        prev = word[j - 1]
+                        move(prev << _SHIFT | a, prev << _SHIFT | new, prev, new, i, count, changed)
+                    word[j : j + 2] = (new,)
+                    if j < len(word) - 1:
+                        nxt = word[j + 1]
+                        move(b << _SHIFT | nxt, new << _SHIFT | nxt, nxt, new, i, count, changed)
+                    unit_count[a] -= count
+                    unit_count[b] -= count
+                    unit_count[new] += count
+                    total -= count
+                j += 1
+        pair_count[key] = 0
+        # New scores for the pairs whose count changed and for every pair holding a, b or the new
+        # unit (their unit counts changed); dead pairs are dropped from the index on the way.
+        for unit in {a, b, new}:
+            alive = {k for k in pairs_of.get(unit, ()) if pair_count[k] > 0}
+            pairs_of[unit] = alive
+            changed |= alive
+        for k in changed:
+            if pair_count[k] > 0:
+                heapq.heappush(heap, entry(k))
+    bar.close()
+    return tokens

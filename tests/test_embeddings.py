@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -108,6 +109,83 @@ def test_skipgram_loss_is_the_negative_sampling_objective():
         model(centres, contexts, negatives[:2])
     with pytest.raises(ValueError, match="centres and contexts must be 1-D of the same shape"):
         model(centres, contexts[:2], negatives)
+
+
+def test_softmax_loss_matches_cross_entropy_over_the_vocabulary():
+    torch.manual_seed(0)
+    model = SkipGram(12, 5)
+    torch.nn.init.normal_(model.output.weight)
+    centres, contexts = torch.tensor([0, 3, 7, 7]), torch.tensor([1, 2, 11, 0])
+    # p(c | w) = exp(u_c . v_w) / sum_j exp(u_j . v_w), computed term by term.
+    expected = []
+    with torch.no_grad():
+        for w, c in zip(centres.tolist(), contexts.tolist()):
+            scores = [(model.output.weight[j] @ model.input.weight[w]).item() for j in range(12)]
+            expected.append(-scores[c] + math.log(sum(math.exp(s) for s in scores)))
+    assert model.softmax_loss(centres, contexts).item() == pytest.approx(sum(expected) / 4, rel=1e-5)
+    with pytest.raises(ValueError, match="centres and contexts must be 1-D of the same shape"):
+        model.softmax_loss(centres, contexts[:2])
+    with pytest.raises(TypeError, match="centres and contexts must be torch.Tensor"):
+        model.softmax_loss([0, 1], contexts[:2])
+
+
+def test_softmax_gradient_reaches_every_output_vector_and_negative_sampling_only_the_sampled():
+    torch.manual_seed(0)
+    model = SkipGram(50, 4)
+    torch.nn.init.normal_(model.output.weight)
+    centres, contexts, negatives = torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([[4, 5], [6, 7]])
+    model.softmax_loss(centres, contexts).backward()
+    assert (model.output.weight.grad.abs().sum(1) > 0).all()  # all V rows of U
+    # The gradient of the softmax loss with respect to v_w is -u_c + E_{j ~ p(.|w)}[u_j].
+    v, u = model.input.weight[0], model.output.weight
+    expected = (-u[2] + torch.softmax(u @ v, 0) @ u) / 2  # the batch mean divides by 2
+    assert torch.allclose(model.input.weight.grad[0], expected, atol=1e-6)
+    model.zero_grad()
+    model(centres, contexts, negatives).backward()
+    touched = (model.output.weight.grad.abs().sum(1) > 0).nonzero()[:, 0].tolist()
+    assert touched == [2, 3, 4, 5, 6, 7]  # only the contexts and the noise words
+
+
+def test_training_keeps_the_context_vectors(topic_model):
+    assert topic_model.context_vectors is not None
+    assert topic_model.context_vectors.shape == topic_model.vectors.shape
+    assert not torch.equal(topic_model.context_vectors, torch.zeros_like(topic_model.vectors))  # trained from 0
+    with pytest.raises(ValueError, match="context_vectors must have the shape of vectors"):
+        Word2Vec(["a", "b"], torch.eye(2), context_vectors=torch.zeros(3, 2))
+
+
+def test_the_training_loop_is_skipgram_with_negative_sampling():
+    """Word2Vec.train equals the loop written out step by step (the chapter's version)."""
+    words = [random.Random(1).choice(FRUIT + WEAPONS + FILLER) for _ in range(3000)]
+    itos, counts = build_vocab(words, min_count=1)
+    stoi = {w: i for i, w in enumerate(itos)}
+    ids = torch.tensor([stoi[w] for w in words])
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(5)
+    model = SkipGram(len(itos), 8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    keep, noise = keep_probabilities(counts, 0.05), noise_distribution(counts)
+    step, total = 0, None
+    for _ in range(2):
+        kept = ids[torch.rand(len(ids), generator=g) < keep[ids]]
+        centres, contexts = skipgram_pairs(kept, 3, g)
+        order = torch.randperm(len(centres), generator=g)
+        centres, contexts = centres[order], contexts[order]
+        negatives = torch.multinomial(noise, len(centres) * 4, replacement=True, generator=g).view(-1, 4)
+        total = total or 2 * math.ceil(len(centres) / 512)
+        for s in range(0, len(centres), 512):
+            for group in optimizer.param_groups:
+                group["lr"] = 0.02 * max(0.0, 1 - step / total)
+            loss = model(centres[s:s + 512], contexts[s:s + 512], negatives[s:s + 512])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+    trained = Word2Vec.train(words, dim=8, window=3, negatives=4, min_count=1, subsample=0.05, epochs=2,
+                             batch_size=512, lr=0.02, seed=5, device="cpu")
+    assert trained.itos == itos
+    assert torch.allclose(trained.vectors, model.input.weight.detach(), atol=1e-5)
+    assert torch.allclose(trained.context_vectors, model.output.weight.detach(), atol=1e-5)
 
 
 def test_training_groups_words_that_share_contexts(topic_model):

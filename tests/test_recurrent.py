@@ -62,14 +62,73 @@ def test_vanishing_gradient_follows_the_spectral_radius():
             rnn.bias_hh.zero_()
         x = 1e-6 * torch.randn(1, 12, d, dtype=torch.float64)
         rnn.double()
-        jac = torch.autograd.functional.jacobian(lambda x1: rnn(torch.cat([x1[None, None], x[:, 1:]], 1))[1][0], x[0, 0])
+
+        def last_state(x1, rnn=rnn, x=x):
+            return rnn(torch.cat([x1[None, None], x[:, 1:]], 1))[1][0]
+
+        jac = torch.autograd.functional.jacobian(last_state, x[0, 0])
         assert jac.norm().item() == pytest.approx(rho**11 * d**0.5, rel=1e-4)
 
 
 def test_classifier_shapes_and_cells():
     tokens = torch.randint(0, 10, (4, 7))
     for cell in ("rnn", "lstm"):
-        assert RecurrentClassifier(10, 3, hidden_size=8, cell=cell)(tokens).shape == (4, 3)
+        for backend in ("companion", "torch"):
+            assert RecurrentClassifier(10, 3, hidden_size=8, cell=cell, backend=backend)(tokens).shape == (4, 3)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "lstm"])
+def test_classifier_backends_compute_the_same_function(cell):
+    torch.manual_seed(0)
+    fast = RecurrentClassifier(10, 3, hidden_size=6, cell=cell, backend="torch")
+    slow = RecurrentClassifier(10, 3, hidden_size=6, cell=cell, backend="companion")
+    slow.embedding.load_state_dict(fast.embedding.state_dict())
+    slow.head.load_state_dict(fast.head.state_dict())
+    slow.recurrent = (RNN if cell == "rnn" else LSTM).from_torch(fast.recurrent)
+    tokens = torch.randint(0, 10, (5, 12))
+    torch.testing.assert_close(slow(tokens), fast(tokens))
+    labels = torch.randint(0, 3, (5,))
+    torch.testing.assert_close(slow.input_gradient_norms(tokens, labels), fast.input_gradient_norms(tokens, labels))
+
+
+@pytest.mark.parametrize("backend", ["companion", "torch"])
+def test_classifier_forget_bias_is_added_to_the_forget_gate_only(backend):
+    torch.manual_seed(0)
+    model = RecurrentClassifier(10, 3, hidden_size=5, cell="lstm", forget_bias=4.0, backend=backend)
+    bias_hh = model.recurrent.bias_hh if backend == "companion" else model.recurrent.bias_hh_l0
+    bound = 1 / 5**0.5 + 1e-6
+    assert (bias_hh[5:10] > 4.0 - bound).all()
+    assert bias_hh[:5].abs().max() <= bound and bias_hh[10:].abs().max() <= bound
+
+
+def test_input_gradient_norms_match_autograd_per_example():
+    torch.manual_seed(0)
+    model = RecurrentClassifier(10, 4, hidden_size=6, cell="lstm", backend="torch")
+    tokens, labels = torch.randint(0, 10, (3, 9)), torch.tensor([0, 3, 1])
+    norms = model.input_gradient_norms(tokens, labels)
+    assert norms.shape == (3, 9) and not norms.requires_grad
+    for i in range(3):  # one example at a time, with the mean loss of a batch of one
+        embedded = model.embedding(tokens[i : i + 1]).detach().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(model.classify(embedded), labels[i : i + 1])
+        (grad,) = torch.autograd.grad(loss, embedded)
+        torch.testing.assert_close(norms[i], grad[0].norm(dim=-1))
+    assert all(p.grad is None for p in model.parameters())  # the parameters' gradients are untouched
+
+
+def test_input_gradient_norms_in_float64_see_what_float32_rounds_to_zero():
+    """A vanilla RNN with small recurrent weights: the gradient reaching the first token vanishes."""
+    torch.manual_seed(0)
+    model = RecurrentClassifier(10, 4, hidden_size=8, cell="rnn", backend="torch")
+    with torch.no_grad():
+        model.recurrent.weight_hh_l0.mul_(0.1)
+    tokens, labels = torch.randint(0, 10, (2, 60)), torch.tensor([1, 2])
+    single = model.input_gradient_norms(tokens, labels)
+    double = model.input_gradient_norms(tokens, labels, dtype=torch.float64)
+    assert double.dtype == torch.float64 and model.head.weight.dtype == torch.float32  # the model is not changed
+    assert (single[:, 0] == 0).all() and (double[:, 0] > 0).all()
+    torch.testing.assert_close(double[:, -1].float(), single[:, -1], rtol=1e-4, atol=1e-7)
+    # The gradient shrinks geometrically with the distance to the output.
+    assert (double[:, 0] < 1e-30 * double[:, -1]).all()
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -97,5 +156,18 @@ def test_bad_inputs_raise_clear_errors():
         LSTM.from_torch(nn.LSTM(3, 4))
     with pytest.raises(ValueError, match="cell"):
         RecurrentClassifier(10, 3, cell="gru")
+    with pytest.raises(ValueError, match="backend"):
+        RecurrentClassifier(10, 3, backend="cudnn")
+    with pytest.raises(ValueError, match="hidden_size"):
+        RecurrentClassifier(10, 3, hidden_size=0)
     with pytest.raises(ValueError, match=r"\(batch, seq\)"):
         RecurrentClassifier(10, 3)(torch.randint(0, 10, (7,)))
+    with pytest.raises(ValueError, match="embedded"):
+        RecurrentClassifier(10, 3, hidden_size=4).classify(torch.randn(2, 0, 4))
+    model, tokens = RecurrentClassifier(10, 3, hidden_size=4), torch.randint(0, 10, (2, 5))
+    with pytest.raises(ValueError, match="labels"):
+        model.input_gradient_norms(tokens, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="tokens"):
+        model.input_gradient_norms(tokens[0], torch.tensor([0]))
+    with pytest.raises(TypeError, match="dtype"):
+        model.input_gradient_norms(tokens, torch.tensor([0, 1]), dtype=torch.int64)

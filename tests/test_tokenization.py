@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import unicodedata
+from collections import Counter
+from fractions import Fraction
 
 import pytest
 import regex
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from companion.data import CharVocab, shakespeare_text
 from companion.tokenization import (
+    BERT_SPECIAL_TOKENS,
     GPT2_PATTERN,
     GPT4_PATTERN,
     BPETokenizer,
     CharTokenizer,
+    WordPieceTokenizer,
     WordTokenizer,
+    _likelihood_gain,
+    bert_pre_tokenize,
     bytes_to_unicode,
     split_words,
     train_bpe_naive,
@@ -432,3 +439,401 @@ def test_load_rejects_non_json(tmp_path):
     path.write_text('{"format": "companion.BPETokenizer", "tok', encoding="utf-8")
     with pytest.raises(ValueError, match="not valid JSON"):
         BPETokenizer.load(path)
+
+
+
+# -- WordPiece: pre-tokenization ------------------------------------------------------------------
+
+_HF_BERT = pre_tokenizers.BertPreTokenizer()
+
+
+def hf_words(text):
+    return [w for w, _ in _HF_BERT.pre_tokenize_str(text)]
+
+
+def test_bert_pre_tokenize_splits_whitespace_and_punctuation():
+    assert bert_pre_tokenize("Hello, world!  It's 3.14\tnow") == [
+        "Hello", ",", "world", "!", "It", "'", "s", "3", ".", "14", "now"]
+    # ASCII symbols count as punctuation (BERT's rule), as do Unicode punctuation marks.
+    assert bert_pre_tokenize("a$b+c<d=e>f^g`h|i~j—k¿l") == list("a$b+c<d=e>f^g`h|i~j—k¿l")
+    assert bert_pre_tokenize("\u3000x\u00a0y\u2028z") == ["x", "y", "z"]  # Unicode spaces separate words
+    assert bert_pre_tokenize("x\x00y\u200bz") == ["x\x00y\u200bz"]  # NUL and zero-width space do not
+    assert bert_pre_tokenize("") == [] and bert_pre_tokenize(" \n ") == []
+    with pytest.raises(TypeError, match="text must be a str"):
+        bert_pre_tokenize(b"bytes")
+
+
+def test_bert_pre_tokenize_equals_hf_on_every_ascii_string_piece():
+    for cp in range(128):
+        text = f"ab{chr(cp)}cd {chr(cp)}{chr(cp)}"
+        assert bert_pre_tokenize(text) == hf_words(text), repr(chr(cp))
+
+
+def test_bert_pre_tokenize_differs_from_hf_only_after_unicode_3_2():
+    # Documents the characters the parity tests draw from. HF classifies punctuation with an old
+    # Unicode table, we with the current one: they disagree on punctuation added since (U+2E43 ...)
+    # and on U+166D, which Unicode later moved from punctuation to symbols. Every other character
+    # of Unicode 3.2 is classified alike. (All of the BMP, and a sample of the other planes.)
+    rng = random.Random(0)
+    code_points = [*range(0x10000), *rng.sample(range(0x10000, 0x110000), 20_000)]
+    disagree = []
+    for cp in code_points:
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        text = f"a{chr(cp)}b {chr(cp)}"
+        if bert_pre_tokenize(text) != hf_words(text):
+            disagree.append(cp)
+    old = [cp for cp in disagree if unicodedata.ucd_3_2_0.category(chr(cp)) != "Cn"]
+    assert old == [0x166D]
+    assert 0x2E43 in disagree and len(disagree) < 200
+
+
+# Characters of Unicode 3.2 (Latin, Greek, Cyrillic, CJK, Arabic, Hangul, punctuation, controls),
+# where our pre-tokenizer and HF's agree (see the test above), except U+166D.
+def _stable_bert_char(ch: str) -> bool:
+    return unicodedata.ucd_3_2_0.category(ch) not in ("Cn", "Cs") and ch != "\u166d"
+
+
+BERT_CHARS = st.characters(max_codepoint=0x2FFFF).filter(_stable_bert_char)
+BERT_TRICKY = ["\r\n", "\x00", "  ", "\t", "'s", "don't", "U.S.A.", "e\u0301", "ñ", "中文字", "한국어", "\u00a0",
+               "\u3000", "[UNK]", "[CLS]", "[SEP]", "##", "##ing", "—", "...", "Straße", "ſ", "K"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(BERT_CHARS, max_size=40), st.sampled_from(BERT_TRICKY)), max_size=8).map("".join))
+def test_bert_pre_tokenize_equals_hf(text):
+    assert bert_pre_tokenize(text) == hf_words(text)
+
+
+# -- WordPiece: encoding against HF's WordPiece model -------------------------------------------
+
+
+def hf_wordpiece(vocab, unk="[UNK]", prefix="##", max_chars=100, specials=()):
+    """HF's WordPiece model behind a BertPreTokenizer, built from the vocabulary alone."""
+    tok = Tokenizer(models.WordPiece(vocab=dict(vocab), unk_token=unk, continuing_subword_prefix=prefix,
+                                     max_input_chars_per_word=max_chars))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix=prefix, cleanup=False)
+    if specials:
+        tok.add_special_tokens(list(specials))
+    return tok
+
+
+TOY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "read", "##read", "##able", "##ing", "##ab", "##le",
+             "re", "##ad", "a", "##a", "b", "##b", ",", "!", "?"]
+
+
+def test_wordpiece_greedy_longest_match_first_by_hand():
+    tok = WordPieceTokenizer(TOY_VOCAB)
+    assert tok.tokenize("unreadable") == ["un", "##read", "##able"]  # not ##ab + ##le: longest first
+    assert tok.tokenize("reading") == ["read", "##ing"]
+    assert tok.tokenize("readab") == ["read", "##ab"]
+    # Greedy is not optimal search: "rea" then "##dable" fails, so the whole word is unknown even
+    # though re + ##ad + ##able would spell it.
+    assert tok.tokenize("readable") == ["read", "##able"] and tok.tokenize("read!") == ["read", "!"]
+    assert tok.tokenize("unreadablex, reading") == ["[UNK]", ",", "read", "##ing"]  # the whole word is lost
+    assert tok.encode("a b") == [13, 15]
+
+
+def test_wordpiece_greedy_can_fail_where_a_segmentation_exists():
+    vocab = ["[UNK]", "ab", "a", "##bc", "##d"]
+    tok = WordPieceTokenizer(vocab)
+    # "abcd" = a + ##bc + ##d, but greedy takes "ab" first and then finds no "##c..." token.
+    assert tok.tokenize("abcd") == ["[UNK]"]
+    assert hf_wordpiece(WordPieceTokenizer(vocab).vocab).encode("abcd").tokens == ["[UNK]"]
+
+
+def test_wordpiece_max_input_chars_per_word_matches_hf():
+    tok = WordPieceTokenizer(TOY_VOCAB, max_input_chars_per_word=6)
+    hf = hf_wordpiece(tok.vocab, max_chars=6)
+    for text in ["abab", "ababab", "abababa", "readab reading readable", "a" * 7, "é" * 6 + " ab"]:
+        assert tok.encode(text) == hf.encode(text).ids, text
+    assert tok.tokenize("ababab abababa") == ["a", "##b", "##ab", "##ab", "[UNK]"]  # 6 chars fit, 7 do not
+
+
+def test_wordpiece_unknown_characters_make_the_whole_word_unknown():
+    tok = WordPieceTokenizer(TOY_VOCAB)
+    assert tok.tokenize("read😀 unread, 中") == ["[UNK]", "un", "##read", ",", "[UNK]"]
+
+
+def test_wordpiece_mapping_vocab_and_custom_prefix():
+    tok = WordPieceTokenizer({"<unk>": 2, "ab": 0, "@@c": 1}, unk_token="<unk>", prefix="@@")
+    assert tok.itos == ["ab", "@@c", "<unk>"] and tok.unk_id == 2
+    assert tok.tokenize("abc abd") == ["ab", "@@c", "<unk>"]
+    assert tok.encode("abc") == hf_wordpiece(tok.vocab, unk="<unk>", prefix="@@").encode("abc").ids
+
+
+@pytest.fixture(scope="module")
+def wordpiece(slice_300k):
+    return WordPieceTokenizer.train(slice_300k, 1500)
+
+
+@pytest.fixture(scope="module")
+def wordpiece_plain(wordpiece):
+    """The trained vocabulary without special tokens: "[CLS]" in text is ordinary text, as in HF's
+    bare WordPiece model."""
+    return WordPieceTokenizer(wordpiece.itos)
+
+
+@pytest.fixture(scope="module")
+def wordpiece_hf(wordpiece):
+    return hf_wordpiece(wordpiece.vocab)
+
+
+def test_wordpiece_equals_hf_on_held_out_plays(wordpiece_plain, wordpiece_hf):
+    # The tokenizer was trained on the start of the corpus; the held-out plays are new text.
+    held_out = shakespeare_text("validation")
+    ids = wordpiece_plain.encode(held_out)
+    assert ids == wordpiece_hf.encode(held_out).ids
+    assert len(ids) > 100_000
+
+
+def test_wordpiece_round_trip_on_held_out_plays(wordpiece):
+    held_out = shakespeare_text("validation")[:50_000]
+    ids = wordpiece.encode(held_out)
+    assert wordpiece.unk_id not in ids
+    assert wordpiece.decode(ids) == " ".join(bert_pre_tokenize(held_out))
+
+
+_WORDPIECE_CACHE: dict = {}
+
+
+def _hf_export(tok):
+    if "hf" not in _WORDPIECE_CACHE:
+        _WORDPIECE_CACHE["hf"] = tok.to_hf()
+    return _WORDPIECE_CACHE["hf"]
+
+
+# Pieces of text: arbitrary strings, tricky ones, and vocabulary tokens (by id) glued to each other
+# or separated by a space, so that the greedy longest-match search has long matches to find.
+PIECES = st.one_of(
+    st.text(BERT_CHARS, max_size=30),
+    st.sampled_from(BERT_TRICKY),
+    st.tuples(st.integers(0, 1499), st.sampled_from(["", "", " "])),
+)
+
+
+def _assemble(tok, pieces):
+    return "".join(p if isinstance(p, str) else tok.itos[p[0]].removeprefix("##") + p[1] for p in pieces)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(PIECES, max_size=10))
+def test_wordpiece_equals_hf_on_generated_text(wordpiece_plain, wordpiece_hf, pieces):
+    text = _assemble(wordpiece_plain, pieces)
+    assert wordpiece_plain.encode(text) == wordpiece_hf.encode(text).ids
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(PIECES, max_size=10))
+def test_wordpiece_to_hf_encodes_specials_and_decodes_alike(wordpiece, pieces):
+    text = _assemble(wordpiece, pieces)
+    hf = _hf_export(wordpiece)
+    ids = wordpiece.encode(text)
+    assert ids == hf.encode(text).ids
+    assert wordpiece.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+    if wordpiece.unk_id not in ids and not any(s in text for s in wordpiece.special_tokens):
+        assert wordpiece.decode(ids) == " ".join(bert_pre_tokenize(text))
+        assert wordpiece.encode(wordpiece.decode(ids)) == ids
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 1499), max_size=30))
+def test_wordpiece_decode_of_any_ids_matches_hf(wordpiece, ids):
+    hf = _hf_export(wordpiece)
+    assert wordpiece.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+
+
+def test_wordpiece_special_tokens_are_cut_out_first(wordpiece):
+    ids = wordpiece.encode("[CLS] Good night[SEP]sweet [MASK]")
+    assert ids[0] == wordpiece.vocab["[CLS]"] and wordpiece.vocab["[SEP]"] in ids and ids[-1] == 4
+    assert wordpiece.tokenize("[CLS")[:2] == ["[", "C"]  # a broken special token is ordinary text
+    assert WordPieceTokenizer(wordpiece.itos).tokenize("[CLS]")[0] == "["  # not special unless declared
+
+
+# -- WordPiece: training --------------------------------------------------------------------------
+
+
+def _runs(units, a):
+    """Lengths of the maximal runs of the unit ``a`` in ``units``."""
+    lengths, run = [], 0
+    for u in [*units, None]:
+        if u == a:
+            run += 1
+        elif run:
+            lengths.append(run)
+            run = 0
+    return lengths
+
+
+def naive_wordpiece(texts, vocab_size, specials=BERT_SPECIAL_TOKENS, prefix="##", criterion="likelihood"):
+    """Textbook WordPiece training: recount every unit and pair of the whole corpus at each merge."""
+    word_counts = Counter(w for t in texts for w in bert_pre_tokenize(t))
+    chars = sorted({c for w in word_counts for c in w})
+    vocab = list(dict.fromkeys([*specials, *sorted({*chars, *(prefix + c for c in chars)})]))
+    splits = {w: [w[0], *(prefix + c for c in w[1:])] for w in word_counts}
+    while len(vocab) < vocab_size:
+        units, pairs = Counter(), Counter()
+        for w, n in word_counts.items():
+            for u in splits[w]:
+                units[u] += n
+            for p in zip(splits[w], splits[w][1:]):
+                pairs[p] += n
+        if not pairs:
+            break
+        total = sum(units.values())
+        ranked = []
+        for (a, b), c in pairs.items():
+            if criterion == "ratio":
+                score = Fraction(c, units[a] * units[b])
+            else:  # merges made: c, or for a == b, r // 2 in each run of r units a (not r - 1)
+                m = c if a != b else sum(n * (r // 2) for w, n in word_counts.items()
+                                         for r in _runs(splits[w], a))
+                score = _likelihood_gain(m, units[a], units[b], total, a == b)
+            ranked.append((-score, -c, a, b))
+        _, _, a, b = min(ranked)
+        merged = a + b[len(prefix):]
+        if merged not in vocab:
+            vocab.append(merged)
+        for w, s in splits.items():
+            j, out = 0, []
+            while j < len(s):
+                if j + 1 < len(s) and s[j] == a and s[j + 1] == b:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(s[j])
+                    j += 1
+            splits[w] = out
+    return vocab
+
+
+def test_wordpiece_ratio_reproduces_the_published_example():
+    # Hugging Face's course: hug x10, pug x5, pun x12, bun x4, hugs x5. Every pair with "##u" scores
+    # 1/36; ("##g", "##s") scores 5 / (20 * 5) = 1/20 and is the first merge.
+    corpus = ["hug"] * 10 + ["pug"] * 5 + ["pun"] * 12 + ["bun"] * 4 + ["hugs"] * 5
+    tok = WordPieceTokenizer.train(" ".join(corpus), 5 + 14 + 1, criterion="ratio")
+    assert tok.itos[-1] == "##gs"
+    # The likelihood criterion weighs the count too: it merges the most frequent ("##u", "##g") first.
+    tok = WordPieceTokenizer.train(" ".join(corpus), 5 + 14 + 1)
+    assert tok.itos[-1] == "##ug"
+
+
+def _log_likelihood(splits_counts):
+    units = Counter()
+    for split, n in splits_counts:
+        for u in split:
+            units[u] += n
+    total = sum(units.values())
+    return sum(c * math.log(c / total) for c in units.values())
+
+
+def test_likelihood_gain_is_the_change_of_the_unigram_log_likelihood():
+    # Brute force: merge, refit the unigram model of the units, compare log-likelihoods. Runs such
+    # as "a a a" are included: they make fewer merges (1) than pairs (2).
+    rng = random.Random(0)
+    checked = same = 0
+    for _ in range(300):
+        words = [[rng.choice("abc") for _ in range(rng.randint(1, 7))] for _ in range(rng.randint(1, 8))]
+        counts = [rng.randint(1, 50) for _ in words]
+        pairs = Counter(p for w, n in zip(words, counts) for p in zip(w, w[1:]) for _ in range(n))
+        if not pairs:
+            continue
+        a, b = rng.choice(sorted(pairs))
+        merged = []
+        for w in words:
+            out, j = [], 0
+            while j < len(w):
+                if j + 1 < len(w) and (w[j], w[j + 1]) == (a, b):
+                    out.append(a + b)
+                    j += 2
+                else:
+                    out.append(w[j])
+                    j += 1
+            merged.append(out)
+        units = Counter(u for w, n in zip(words, counts) for u in w for _ in range(n))
+        m = pairs[(a, b)] if a != b else sum(n * (r // 2) for w, n in zip(words, counts) for r in _runs(w, a))
+        gain = _likelihood_gain(m, units[a], units[b], sum(units.values()), a == b) / 2**20
+        change = _log_likelihood(zip(merged, counts)) - _log_likelihood(zip(words, counts))
+        assert gain == pytest.approx(change, abs=1e-5)
+        checked, same = checked + 1, same + (a == b)
+    assert checked > 250 and same > 50
+
+
+@pytest.mark.parametrize("criterion", ["likelihood", "ratio"])
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_wordpiece_trainer_equals_naive(seed, criterion):
+    rng = random.Random(seed)
+    alphabet = rng.choice(["ab", "abc ", "aab c\n", "xy é,", "ba  ab'", "lol ll l"])
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(20, 600))) for _ in range(rng.randint(1, 3))]
+    specials = ["[UNK]", "[PAD]"]
+    base = len(naive_wordpiece(texts, 0, specials))
+    vocab_size = base + rng.randint(1, 60)
+    fast = WordPieceTokenizer.train(texts, vocab_size, special_tokens=specials, criterion=criterion)
+    assert fast.itos == naive_wordpiece(texts, vocab_size, specials, criterion=criterion)
+
+
+@pytest.mark.parametrize("criterion", ["likelihood", "ratio"])
+def test_fast_wordpiece_trainer_equals_naive_on_shakespeare(slice_300k, criterion):
+    text = slice_300k[:20_000]
+    fast = WordPieceTokenizer.train(text, 400, criterion=criterion)
+    assert fast.itos == naive_wordpiece([text], 400, criterion=criterion)
+
+
+def test_wordpiece_training_learns_words_and_suffixes(wordpiece):
+    assert wordpiece.vocab_size == 1500 and wordpiece.itos[:5] == list(BERT_SPECIAL_TOKENS)
+    assert {"the", "and", "##ing", "##s"} <= set(wordpiece.vocab)
+    assert wordpiece.tokenize("reading") in (["reading"], ["read", "##ing"])
+
+
+def test_wordpiece_training_ignores_special_tokens_in_text():
+    tok = WordPieceTokenizer.train("ab[SEP]ab[SEP]cd", 40, special_tokens=["[UNK]", "[SEP]"])
+    assert "S" not in tok.vocab and "##E" not in tok.vocab
+    assert tok.tokenize("ab[SEP]cd") == ["ab", "[SEP]", "cd"]
+
+
+# -- WordPiece: bad input --------------------------------------------------------------------------
+
+
+def test_wordpiece_bad_vocab():
+    with pytest.raises(ValueError, match="unk_token '\\[UNK\\]' is not in vocab"):
+        WordPieceTokenizer(["a", "##b"])
+    with pytest.raises(ValueError, match="must not repeat a token"):
+        WordPieceTokenizer(["[UNK]", "a", "a"])
+    with pytest.raises(ValueError, match="ids 0 .. len"):
+        WordPieceTokenizer({"[UNK]": 0, "a": 2})
+    with pytest.raises(TypeError, match="vocab must hold non-empty strings"):
+        WordPieceTokenizer(["[UNK]", ""])
+    with pytest.raises(TypeError, match="vocab must be a list of tokens or a dict"):
+        WordPieceTokenizer("[UNK]")
+
+
+def test_wordpiece_bad_arguments():
+    with pytest.raises(ValueError, match="prefix must be a non-empty string"):
+        WordPieceTokenizer(TOY_VOCAB, prefix="")
+    with pytest.raises(TypeError, match="unk_token must be a str"):
+        WordPieceTokenizer(TOY_VOCAB, unk_token=1)
+    with pytest.raises(ValueError, match="max_input_chars_per_word must be an int >= 1"):
+        WordPieceTokenizer(TOY_VOCAB, max_input_chars_per_word=0)
+    with pytest.raises(ValueError, match=r"special_tokens must be tokens of vocab, but \['\[MASK\]'\]"):
+        WordPieceTokenizer(TOY_VOCAB, special_tokens=["[CLS]", "[MASK]"])
+    tok = WordPieceTokenizer(TOY_VOCAB)
+    with pytest.raises(TypeError, match="text must be a str"):
+        tok.encode(None)
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 20\), got \[20\]"):
+        tok.decode([1, 20])
+    with pytest.raises(TypeError, match="ids must contain ints"):
+        tok.decode(["a"])
+
+
+def test_wordpiece_bad_training_arguments():
+    with pytest.raises(ValueError, match=r"vocab_size must be at least 9 \(the special tokens"):
+        WordPieceTokenizer.train("ab", 8)
+    with pytest.raises(TypeError, match="vocab_size must be an int"):
+        WordPieceTokenizer.train("ab", 100.0)
+    with pytest.raises(ValueError, match="unk_token '<unk>' must be one of special_tokens"):
+        WordPieceTokenizer.train("ab", 100, unk_token="<unk>")
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        WordPieceTokenizer.train("ab", 100, criterion="frequency")
+    with pytest.raises(TypeError, match="item 1 is int"):
+        WordPieceTokenizer.train(["ab", 3], 100)
