@@ -149,18 +149,21 @@ def _check_seq2seq(model: object, src: object, bos_id: object, eos_id: object, m
     check_ids("src", src, model.src_vocab_size)
     check_int("max_len", max_len)
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if name == "eos_id" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
             raise ValueError(f"{name} must be a target id in [0, {model.tgt_vocab_size}), got {value!r}")
 
 
-def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len: int = 32, *,
+def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None, max_len: int = 32, *,
                   use_cache: bool = True) -> Tensor:
     """Translate by always taking the most probable next token.
 
     Args:
         model: a :class:`~companion.models.transformer.Transformer` (eval mode for the call).
         src: source ids ``(batch, src_len)``.
-        bos_id, eos_id: the target's start and end tokens.
+        bos_id, eos_id: the target's start and end tokens; ``eos_id=None`` always generates
+            ``max_len`` tokens (for timing, say).
         max_len: most tokens generated after ``<bos>``.
         use_cache: decode one new token per step with self- and cross-attention caches.
 
@@ -179,7 +182,8 @@ def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max
             nxt = model.decode(step_in, memory, mask, cache=cache, cross_cache=cross)[:, -1].argmax(-1)
             nxt = nxt.masked_fill(done, model.pad_id)
             out = torch.cat([out, nxt[:, None]], dim=1)
-            done |= nxt == eos_id
+            if eos_id is not None:
+                done |= nxt == eos_id
             if bool(done.all()):
                 break
     return out
@@ -190,7 +194,8 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4, max_len: int = 32,
+def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None, beam_size: int = 4,
+                max_len: int = 32,
                 alpha: float = 0.6, return_scores: bool = False, *,
                 use_cache: bool = True) -> Tensor | tuple[Tensor, Tensor]:
     """Keep the ``beam_size`` best partial translations at every step; return the best finished one.

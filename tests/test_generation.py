@@ -177,6 +177,13 @@ def test_beam_search_with_beam_one_is_greedy_and_scores_are_consistent():
     assert scores[0] >= g_logp - 1e-4
 
 
+def test_greedy_without_an_end_token_runs_every_step():
+    m = _seq2seq()
+    src = torch.randint(3, 8, (2, 4))
+    assert greedy_decode(m, src, 1, None, max_len=7).shape == (2, 8)
+    assert beam_search(m, src, 1, None, max_len=7).shape == (2, 8)  # every beam runs to the end
+
+
 def test_length_penalty():
     assert length_penalty(1, 0.0) == 1.0
     assert length_penalty(1, 0.6) == pytest.approx(1.0)

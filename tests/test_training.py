@@ -64,6 +64,16 @@ def test_lr_schedule_is_applied():
     assert all(a >= b for a, b in zip(history.lr[3:], history.lr[4:]))
 
 
+def test_evaluation_can_use_another_loss():
+    seed_everything(0)
+    model = nn.Linear(5, 3)
+    held_out = [make_problem()(0)]
+    double = lambda m, b: 2 * cross_entropy_loss(m, b)  # noqa: E731
+    history = train(model, make_problem(), steps=3, loss_fn=double, eval_loss_fn=cross_entropy_loss,
+                    eval_batches=held_out, progress=False)
+    assert history.eval_loss[-1] == pytest.approx(evaluate(model, held_out))
+
+
 def test_train_runs_on_the_default_device():
     model = nn.Linear(5, 3)
     train(model, make_problem(), steps=2, progress=False)

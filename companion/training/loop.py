@@ -115,6 +115,7 @@ def train(
     lr_schedule: Callable[[int], float] | None = None,
     eval_batches: list[Batch] | Callable[[], list[Batch]] | None = None,
     eval_every: int = 0,
+    eval_loss_fn: LossFn | None = None,
     device: torch.device | str | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     accumulation_steps: int = 1,
@@ -139,6 +140,8 @@ def train(
             index (e.g. :func:`~.schedules.warmup_cosine_schedule`).
         eval_batches, eval_every: every ``eval_every`` steps, and after the last step, the mean
             loss over ``eval_batches`` is recorded (``eval_every=0``: after the last step only).
+        eval_loss_fn: the loss to evaluate with; default ``loss_fn`` (pass the plain loss when
+            training with a regularised one, e.g. label smoothing).
         optimizer: use this one (e.g. restored from a checkpoint) instead of a new AdamW.
         accumulation_steps: micro-batches per optimizer step.
         precision: ``"fp32"``, ``"bf16"`` (autocast, CPU or CUDA) or ``"fp16"`` (autocast and a
@@ -204,7 +207,7 @@ def train(
         last = done == steps
         if eval_batches is not None and (last or (eval_every and done % eval_every == 0)):
             history.eval_steps.append(step + 1)
-            history.eval_loss.append(evaluate(model, eval_batches, loss_fn, device))
+            history.eval_loss.append(evaluate(model, eval_batches, eval_loss_fn or loss_fn, device))
         if done % 10 == 1 or last:
             bar.set_postfix(loss=f"{history.train_loss[-1]:.3f}")
     return history
