@@ -108,6 +108,18 @@ def test_cached_logits_equal_uncached(position, n_kv_heads):
     assert cache.seq_len() == 12 and cache.keys.shape == (2, 2, n_kv_heads or 4, 16, 4)
 
 
+def test_hidden_states_and_cache_rewind():
+    model = _model("rope", max_len=16)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    torch.testing.assert_close(model.head(model.hidden_states(ids)), model(ids))
+    cache = model.make_cache(2)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        cache.crop(5)  # rewind: as if only the first 5 tokens had been seen
+        again = model(ids[:, 5:], cache=cache)
+    torch.testing.assert_close(again, model(ids)[:, 5:], atol=1e-5, rtol=1e-5)
+
+
 def test_padded_batch_gives_each_sequence_its_own_logits():
     model = _model("rope", max_len=16)
     short = torch.randint(1, VOCAB, (1, 5))

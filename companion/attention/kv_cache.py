@@ -130,6 +130,11 @@ class KVCache:
         self.keys = self.keys.index_select(1, index.to(self.keys.device))
         self.values = self.values.index_select(1, index.to(self.values.device))
 
+    def crop(self, n_tokens: int) -> None:
+        """Keep only the first ``n_tokens`` of every slot (rewind; e.g. drop rejected draft tokens)."""
+        check_length("n_tokens", n_tokens, minimum=0)
+        self.lengths = [min(length, n_tokens) for length in self.lengths]
+
     def reset(self) -> None:
         """Empty every slot (start new sequences); the memory stays allocated."""
         self.lengths = [0] * len(self.lengths)
