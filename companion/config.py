@@ -67,7 +67,9 @@ class ModelConfig:
         rope_base: RoPE's wavelength scale θ.
         t5_num_buckets, t5_max_distance: T5's relative-position buckets.
         init_std: standard deviation of the normal initialisation of projections and
-            embeddings (GPT-2: 0.02); None keeps PyTorch's defaults.
+            embeddings (GPT-2: 0.02); None keeps PyTorch's defaults. Note that with
+            ``position="sinusoidal"`` the unit-scale sinusoids swamp embeddings of std 0.02: use
+            ``scale_embeddings=True`` (as the original Transformer does) or ``init_std=None``.
         pad_id: the padding id (masked in the source of an encoder-decoder, ignored by losses).
         embedding_norm: normalise the summed embeddings before the first block (BERT).
         type_vocab_size: segment ("token type") embeddings, e.g. 2 for BERT's sentence A / B;

@@ -482,8 +482,8 @@ def test_bad_forward_inputs():
     rot = MultiHeadAttention(16, 4, rotary=lambda t, p: t)
     with pytest.raises(ValueError, match=r"positions must have shape \(q_len,\)=\(5,\)"):
         rot(x, positions=torch.arange(4))
-    with pytest.raises(TypeError, match="positions must be an integer tensor"):
-        rot(x, positions=torch.zeros(5))
+    with pytest.raises(TypeError, match="positions must be a real-valued tensor"):
+        rot(x, positions=torch.zeros(5, dtype=torch.bool))
 
 
 def test_bad_sdpa_inputs():

@@ -120,6 +120,24 @@ def test_hidden_states_and_cache_rewind():
     torch.testing.assert_close(again, model(ids)[:, 5:], atol=1e-5, rtol=1e-5)
 
 
+def test_an_extra_mask_gives_local_attention():
+    from companion.attention import sliding_window_mask
+
+    model = _model("none", max_len=16, n_layers=1)
+    ids = torch.randint(0, VOCAB, (1, 10))
+    local = model(ids, mask=sliding_window_mask(10, window=2))
+    # one layer with a window of 2: position 9 sees only tokens 7..9, the rest of the prefix does not matter
+    torch.testing.assert_close(local[:, -1], model(ids[:, 7:], positions=torch.arange(7, 10))[:, -1],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_rope_accepts_fractional_positions():
+    model = _model("rope", max_len=16)
+    ids = torch.randint(0, VOCAB, (1, 6))
+    halved = model(ids, positions=torch.arange(6) / 2)  # position interpolation
+    assert halved.shape == (1, 6, VOCAB) and not torch.allclose(halved, model(ids))
+
+
 def test_padded_batch_gives_each_sequence_its_own_logits():
     model = _model("rope", max_len=16)
     short = torch.randint(1, VOCAB, (1, 5))

@@ -158,7 +158,8 @@ class MultiHeadAttention(nn.Module):
                 ~1e-6 in fp32).
             causal: add the causal mask (offset by the cached length), so callers need not build it.
             positions: absolute positions of the ``q_len`` new tokens for the ``rotary`` hook,
-                ``(q_len,)`` or ``(batch, q_len)``; default ``cached + arange(q_len)``.
+                ``(q_len,)`` or ``(batch, q_len)``; default ``cached + arange(q_len)``. Fractional
+                positions are allowed (RoPE position interpolation divides them).
 
         Returns:
             ``(output, weights)``: output ``(batch, q_len, d_model)``; weights as above or None.
@@ -212,9 +213,10 @@ class MultiHeadAttention(nn.Module):
     def _positions(self, positions: Tensor | None, batch: int, q_len: int, past: int, device: torch.device) -> Tensor:
         if positions is None:
             return torch.arange(past, past + q_len, device=device)
-        if not isinstance(positions, Tensor) or positions.is_floating_point():
+        if not isinstance(positions, Tensor) or positions.is_complex() or positions.dtype == torch.bool:
             got = getattr(positions, "dtype", type(positions).__name__)
-            raise TypeError(f"positions must be an integer tensor, got {got}")
+            raise TypeError(f"positions must be a real-valued tensor (integer, or fractional for RoPE position "
+                            f"interpolation), got {got}")
         if tuple(positions.shape) not in ((q_len,), (batch, q_len)):
             raise ValueError(f"positions must have shape (q_len,)=({q_len},) or (batch, q_len)=({batch}, {q_len}), "
                              f"got {tuple(positions.shape)}")

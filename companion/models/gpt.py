@@ -75,37 +75,41 @@ class GPT(nn.Module):
         """The model's :class:`~companion.blocks.Block` s."""
         return self.stack.layers
 
-    def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None,
-                      positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
+    def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None, mask: Tensor | None = None,
+                      cache: KVCache | None = None, positions: Tensor | None = None,
+                      need_weights: bool = False) -> Tensor:
         """The last block's output after the final norm, ``(batch, seq, d_model)``: :meth:`forward` without the head."""
         check_ids("ids", ids, self.config.vocab_size)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-        mask = None
         if attention_mask is not None:
             expected = (ids.shape[0], (cache.seq_len() if cache is not None else 0) + ids.shape[1])
             if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != expected:
                 got = getattr(attention_mask, "shape", type(attention_mask).__name__)
                 raise ValueError(f"attention_mask must have shape (batch, past + seq) = {expected}, got {tuple(got)}")
-            mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, keys): broadcast over heads, queries
+            padding = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, keys): over heads and queries
+            mask = padding if mask is None else mask & padding
         return self.stack(self.tok_emb(ids), mask=mask, positions=positions, cache=cache, need_weights=need_weights)
 
-    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None,
-                positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
+    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, mask: Tensor | None = None,
+                cache: KVCache | None = None, positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """Logits ``(batch, seq, vocab_size)`` for token ids ``(batch, seq)``.
 
         Args:
             ids: token ids; with a ``cache``, only the new ones.
             attention_mask: ``(batch, past + seq)``, 1 (or True) at real tokens and 0 at padding
                 (Hugging Face's convention); padded keys are never attended to.
+            mask: an extra bool attention mask (True = may attend) broadcastable to ``(batch, heads,
+                seq, past + seq)``, combined with the causal one — e.g.
+                :func:`companion.attention.sliding_window_mask` for local attention.
             cache: a :class:`~companion.attention.KVCache` from :meth:`make_cache`; the new
                 tokens' keys and values are appended and positions continue from its length.
             positions: absolute positions of the tokens, ``(seq,)`` or ``(batch, seq)``; default
                 ``past + arange(seq)``.
             need_weights: keep each block's attention weights (``block.self_weights``).
         """
-        return self.head(self.hidden_states(ids, attention_mask=attention_mask, cache=cache, positions=positions,
-                                            need_weights=need_weights))
+        return self.head(self.hidden_states(ids, attention_mask=attention_mask, mask=mask, cache=cache,
+                                            positions=positions, need_weights=need_weights))
 
     def make_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None) -> KVCache:
