@@ -82,6 +82,15 @@ def test_blocks_are_causal_pre_norm_blocks():
     assert type(block.ffn).__name__ == "SwiGLU" and type(model.stack.norm).__name__ == "RMSNorm"
 
 
+def test_scale_embeddings_multiplies_by_sqrt_d_model():
+    plain, scaled = _model("none"), _model("none", scale_embeddings=True)
+    scaled.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, VOCAB, (1, 5))
+    x = plain.tok_emb(ids)
+    torch.testing.assert_close(scaled.stack(x * 4.0), scaled.hidden_states(ids))  # sqrt(16) = 4
+    assert 0.15 < _model("none", scale_embeddings=True).tok_emb.weight.std().item() < 0.35  # N(0, 1/d_model)
+
+
 def test_tied_embeddings_are_one_parameter():
     model = _model()
     assert model.head.weight is model.tok_emb.weight

@@ -92,6 +92,8 @@ class BERT(nn.Module):
         """Hidden states ``(batch, seq, d_model)``: the encoder without its heads (cheaper for features)."""
         check_ids("ids", ids, self.config.vocab_size)
         x = self.tok_emb(ids)
+        if self.config.scale_embeddings:
+            x = x * self.config.d_model**0.5
         if self.seg_emb is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)

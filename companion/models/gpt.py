@@ -89,7 +89,10 @@ class GPT(nn.Module):
                 raise ValueError(f"attention_mask must have shape (batch, past + seq) = {expected}, got {tuple(got)}")
             padding = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, keys): over heads and queries
             mask = padding if mask is None else mask & padding
-        return self.stack(self.tok_emb(ids), mask=mask, positions=positions, cache=cache, need_weights=need_weights)
+        x = self.tok_emb(ids)
+        if self.config.scale_embeddings:  # the original Transformer's √d_model (Vaswani et al., 2017, §3.4)
+            x = x * self.config.d_model**0.5
+        return self.stack(x, mask=mask, positions=positions, cache=cache, need_weights=need_weights)
 
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, mask: Tensor | None = None,
                 cache: KVCache | None = None, positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
