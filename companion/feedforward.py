@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion._validation import check_dropout, check_features, check_int
+from companion.config import ModelConfig
 
 __all__ = ["ACTIVATIONS", "activation", "FeedForward", "GatedFeedForward", "SwiGLU", "make_ffn", "swiglu_hidden_size",
            "matching_swiglu_hidden_size"]
@@ -44,12 +45,6 @@ def activation(name: str, h: Tensor) -> Tensor:
     if name == "silu":
         return F.silu(h)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
-
-
-
-
-
-
 
 
 def swiglu_hidden_size(d_model: int, multiple_of: int = 8) -> int:
@@ -174,7 +169,7 @@ class SwiGLU(GatedFeedForward):
         super().__init__(d_model, d_ff, activation="silu", multiple_of=multiple_of, dropout=dropout, bias=bias)
 
 
-def make_ffn(config) -> nn.Module:
+def make_ffn(config: ModelConfig) -> nn.Module:
     """The feed-forward network a :class:`~companion.config.ModelConfig` asks for.
 
     ``config.ffn`` names it: a plain :class:`FeedForward` with that activation, or a gated one

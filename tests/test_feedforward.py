@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.feedforward import FeedForward, SwiGLU, matching_swiglu_hidden_size, swiglu_hidden_size
+from companion.feedforward import FeedForward, SwiGLU, activation, matching_swiglu_hidden_size, swiglu_hidden_size
 from companion.utils import count_parameters
 
 
@@ -78,3 +78,21 @@ def test_errors():
         FeedForward(8, 16)(torch.randn(2, 7))
     with pytest.raises(TypeError, match="floating"):
         SwiGLU(8)(torch.ones(2, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("ffn, cls, act", [("relu", "FeedForward", "relu"), ("gelu_tanh", "FeedForward", "gelu_tanh"),
+                                           ("swiglu", "SwiGLU", "silu"), ("geglu", "GatedFeedForward", "gelu_tanh")])
+def test_make_ffn_builds_what_the_config_names(ffn, cls, act):
+    from companion.config import ModelConfig
+    from companion.feedforward import make_ffn
+
+    config = ModelConfig(vocab_size=10, d_model=24, n_heads=2, ffn=ffn, bias=False)
+    module = make_ffn(config)
+    assert type(module).__name__ == cls and module.activation == act and module.d_ff == config.resolved_d_ff
+    x = torch.randn(3, 24)
+    if cls == "FeedForward":
+        expected = module.w2(activation(act, module.w1(x)))
+    else:  # gated: act(x W_gate) * (x W_in), then W_out (GEGLU uses GPT-2's tanh GELU, as T5 v1.1)
+        expected = module.w_out(activation(act, module.w_gate(x)) * module.w_in(x))
+    torch.testing.assert_close(module(x), expected)
+    assert all(p.dim() == 2 for p in module.parameters())  # bias=False reaches every projection
