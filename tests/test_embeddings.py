@@ -195,7 +195,7 @@ def test_training_groups_words_that_share_contexts(topic_model):
         assert topic_model.similarity(word, own[1]) > topic_model.similarity(word, other[1]) + 0.3
 
 
-def test_training_is_deterministic(topic_model):
+def test_training_is_deterministic():
     words = ["a", "b", "c", "a", "b"] * 40
     one = Word2Vec.train(words, dim=4, min_count=1, subsample=1.0, epochs=1, batch_size=64, seed=3, device="cpu")
     two = Word2Vec.train(words, dim=4, min_count=1, subsample=1.0, epochs=1, batch_size=64, seed=3, device="cpu")
@@ -219,6 +219,35 @@ def test_nearest_and_analogy_on_known_vectors():
     assert len(model.nearest("king", k=100)) == 4  # at most every other word
 
 
+def test_most_similar_generalises_nearest_and_analogy():
+    royal, human, male, female, fruit = torch.eye(5)
+    itos = ["king", "queen", "man", "woman", "apple"]
+    model = Word2Vec(itos, torch.stack([royal + male, royal + female, human + male, human + female, fruit]))
+    assert model.most_similar(["king", "man"], ["queen"], k=2) == model.analogy("queen", "king", "man", k=2)
+    assert model.most_similar(["queen", "man"], ["king"], k=1)[0] == ("woman", pytest.approx(1.0))
+    assert model.most_similar(["king"], k=4) == model.nearest("king", k=4)
+    # b + c without - a (Linzen's "ignore a" baseline): queen + man is equally near king and woman.
+    ignore_a = model.most_similar(["queen", "man"], k=2)
+    assert {w for w, _ in ignore_a} == {"king", "woman"}
+    assert ignore_a[0][1] == pytest.approx(ignore_a[1][1]) == pytest.approx(1 / math.sqrt(2))
+    # Query words and excluded words are never answers.
+    assert [w for w, _ in model.most_similar(["queen", "man"], k=5, exclude=["king"])] == ["woman", "apple"]
+    # rank is the position in the full most_similar list.
+    full = [w for w, _ in model.most_similar(["queen", "man"], ["king"], k=5)]
+    assert [model.rank(w, ["queen", "man"], ["king"]) for w in full] == [1, 2]
+    assert model.rank("apple", ["king"], exclude=["queen"]) == 2  # man 0.5, then woman and apple tie at 0
+    with pytest.raises(ValueError, match="answer='king' is a query or excluded word"):
+        model.rank("king", ["queen", "man"], ["king"])
+    with pytest.raises(ValueError, match="positive must hold at least one word"):
+        model.most_similar([])
+    with pytest.raises(TypeError, match="positive must be a sequence of words"):
+        model.most_similar("king")
+    with pytest.raises(ValueError, match="negative word='zebra' is not in the vocabulary"):
+        model.most_similar(["king"], ["zebra"])
+    with pytest.raises(ValueError, match="excluded word='zebra' is not in the vocabulary"):
+        model.most_similar(["king"], exclude=["zebra"])
+
+
 def test_unknown_words_and_bad_arguments():
     model = Word2Vec(["a", "b"], torch.eye(2))
     with pytest.raises(ValueError, match="word='zebra' is not in the vocabulary"):
@@ -239,6 +268,13 @@ def test_unknown_words_and_bad_arguments():
         Word2Vec.train(["a", "b"] * 5, min_count=1, subsample=1e-6, device="cpu")
     with pytest.raises(ValueError, match="cpu_threads must be None or an int >= 1"):
         Word2Vec.train(["a"], cpu_threads=0, device="cpu")
+    for bad_lr in (0.0, -0.1, float("inf"), "0.02"):
+        with pytest.raises(ValueError, match="lr must be a positive finite number"):
+            Word2Vec.train(["a", "b"] * 5, lr=bad_lr, device="cpu")
+    with pytest.raises(ValueError, match="subsample must be a positive finite number"):
+        Word2Vec.train(["a", "b"] * 5, subsample=0, device="cpu")
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        Word2Vec.train(["a", "b"] * 5, window=0, device="cpu")
 
 
 def test_training_restores_thread_count():
