@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Run every benchmark and store its tables in ``benchmarks/results/`` (``make bench``).
+
+    python benchmarks/run_all.py                 # the full runs (several minutes on 2 cores)
+    python benchmarks/run_all.py --quick         # smaller shapes, a smoke test
+    python benchmarks/run_all.py --only gpt      # one benchmark
+
+Each result file is the benchmark's own Markdown output under a header that records the machine
+it ran on (CPU model, cores, load average at the start), the PyTorch version, the command and the
+date. Appendix B (``book/B_performance.ipynb``) renders these files as committed; run this on a
+quiet machine, then re-execute the appendix (``make execute NB=book/B_performance.ipynb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = {
+    "attention": ["attention.py"],
+    "bpe": ["bpe.py"],
+    "gpt": ["gpt.py"],
+}
+QUICK = {"attention": ["--quick"], "bpe": ["--vocab-size", "2048", "--naive-vocab", "512", "--repeats", "1"],
+         "gpt": ["--quick"]}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def header(name: str, command: list[str]) -> str:
+    load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
+    return "\n".join([
+        f"<!-- benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py) -->",
+        f"- **machine**: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}",
+        f"- **software**: Python {platform.python_version()}, torch {torch.__version__}",
+        f"- **load average** at the start: {load}",
+        f"- **command**: `python {' '.join(command)}`",
+        f"- **date**: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "",
+    ])
+
+
+def as_markdown(output: str) -> str:
+    """The benchmark's output with a blank line before each table, so that Markdown renders it."""
+    lines: list[str] = []
+    for line in output.strip().splitlines():
+        if line.startswith("|") and lines and lines[-1] and not lines[-1].startswith("|"):
+            lines.append("")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke test")
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
+    args = parser.parse_args()
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    for name in args.only or sorted(BENCHMARKS):
+        command = [f"benchmarks/{BENCHMARKS[name][0]}", *(QUICK[name] if args.quick else [])]
+        print(f"running {' '.join(command)} ...", flush=True)
+        top = header(name, command)
+        run = subprocess.run([sys.executable, *command], cwd=HERE.parent, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.stderr.write(run.stdout + run.stderr)
+            print(f"{name} failed (exit {run.returncode}); {out / (name + '.md')} left as it was", file=sys.stderr)
+            return run.returncode
+        (out / f"{name}.md").write_text(top + "\n" + as_markdown(run.stdout) + "\n")
+        print(f"  -> {out / (name + '.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
