@@ -6,7 +6,7 @@
     python benchmarks/run_all.py --only gpt      # one benchmark
 
 Each result file is the benchmark's own Markdown output under a header that records the machine
-it ran on (CPU model, cores, load average at the start), the PyTorch version, the command and the
+it ran on (CPU model, cores, load average at its start and end), the PyTorch version, the command and the
 date. Appendix B (``book/B_performance.ipynb``) renders these files as committed; run this on a
 quiet machine, then re-execute the appendix (``make execute NB=book/B_performance.ipynb``).
 """
@@ -50,7 +50,7 @@ def header(name: str, command: list[str]) -> str:
         f"<!-- benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py) -->",
         f"- **machine**: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}",
         f"- **software**: Python {platform.python_version()}, torch {torch.__version__}",
-        f"- **load average** at the start: {load}",
+        f"- **load average** (1 min) at the start: {load}; at the end: LOAD_AT_END",
         f"- **command**: `python {' '.join(command)}`",
         f"- **date**: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "",
@@ -83,7 +83,8 @@ def main() -> int:
             sys.stderr.write(run.stdout + run.stderr)
             print(f"{name} failed (exit {run.returncode}); {out / (name + '.md')} left as it was", file=sys.stderr)
             return run.returncode
-        (out / f"{name}.md").write_text(top + "\n" + as_markdown(run.stdout) + "\n")
+        end = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
+        (out / f"{name}.md").write_text(top.replace("LOAD_AT_END", end) + "\n" + as_markdown(run.stdout) + "\n")
         print(f"  -> {out / (name + '.md')}")
     return 0
 

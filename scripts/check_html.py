@@ -111,7 +111,8 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="check-html-")
         self.process = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--disable-extensions", "--hide-scrollbars",
+             "--no-first-run", "--disable-extensions", "--hide-scrollbars", "--disable-quic",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", f"--user-data-dir={self.profile}",
              # Off the network: every request but the loopback's goes to a dead proxy, and no host
              # name resolves.
