@@ -44,12 +44,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def versions() -> str:
+    """Versions of the libraries the benchmarks compare against."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [f"torch {torch.__version__}"]
+    for package in ("transformers", "tokenizers"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
 def header(name: str, command: list[str]) -> str:
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
     return "\n".join([
         f"<!-- benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py) -->",
         f"- **machine**: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}",
-        f"- **software**: Python {platform.python_version()}, torch {torch.__version__}",
+        f"- **software**: Python {platform.python_version()}, {versions()}",
         f"- **load average** (1 min) at the start: {load}; at the end: LOAD_AT_END",
         f"- **command**: `python {' '.join(command)}`",
         f"- **date**: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
