@@ -77,11 +77,14 @@ def _parse(path: Path) -> _Links:
 def broken_links(html_dir: Path, page: Path, cache: dict[Path, _Links]) -> list[str]:
     """Local URLs of ``page`` that point to no file of the build, or to no id of their target."""
     problems = []
+    page = page.resolve()
+    if page not in cache:
+        cache[page] = _parse(page)
     for tag, url in cache[page].urls:
         parts = urlsplit(url)
         if parts.scheme or parts.netloc or url.startswith(("mailto:", "javascript:", "data:")):
             continue  # external links are not followed: the book must not need them to render
-        target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+        target = (page.parent / unquote(parts.path)).resolve() if parts.path else page.resolve()
         if target.is_dir():
             target = target / "index.html"
         if not target.exists() or html_dir.resolve() not in target.parents:
@@ -267,6 +270,7 @@ def landing_page_problems(html_dir: Path) -> list[str]:
 
 
 def main(html_dir: Path) -> int:
+    html_dir = html_dir.resolve()
     if not (html_dir / "index.html").exists():
         sys.exit(f"check_html: {html_dir} has no index.html; build the book first (make book)")
     shots = html_dir.parent / "screenshots"
