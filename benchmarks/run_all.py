@@ -57,13 +57,17 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def header(name: str, command: list[str]) -> str:
-    load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
+def load_average() -> str:
+    """The 1-minute load average, where the system reports one."""
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
+
+
+def header(name: str, command: list[str], load_start: str, load_end: str) -> str:
     return "\n".join([
         f"<!-- benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py) -->",
         f"- **machine**: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}",
         f"- **software**: Python {platform.python_version()}, {versions()}",
-        f"- **load average** (1 min) at the start: {load}; at the end: LOAD_AT_END",
+        f"- **load average** (1 min) at the start: {load_start}; at the end: {load_end}",
         f"- **command**: `python {' '.join(command)}`",
         f"- **date**: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "",
@@ -91,14 +95,14 @@ def main() -> int:
     for name in args.only or sorted(BENCHMARKS):
         command = [f"benchmarks/{BENCHMARKS[name][0]}", *(QUICK[name] if args.quick else [])]
         print(f"running {' '.join(command)} ...", flush=True)
-        top = header(name, command)
+        load_start = load_average()
         run = subprocess.run([sys.executable, *command], cwd=HERE.parent, capture_output=True, text=True)
         if "|" not in run.stdout:  # it crashed before printing a table: keep the last results
             sys.stderr.write(run.stdout + run.stderr)
             print(f"{name} failed (exit {run.returncode}); {out / (name + '.md')} left as it was", file=sys.stderr)
             return run.returncode or 1
-        end = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
-        (out / f"{name}.md").write_text(top.replace("LOAD_AT_END", end) + "\n" + as_markdown(run.stdout) + "\n")
+        top = header(name, command, load_start, load_average())
+        (out / f"{name}.md").write_text(top + "\n" + as_markdown(run.stdout) + "\n")
         print(f"  -> {out / (name + '.md')}")
         if run.returncode != 0:  # a benchmark exits 1 when a ratio misses its target: a result, recorded
             print(f"  {name}: a target was missed (see the table)", file=sys.stderr)

@@ -251,16 +251,18 @@ new Promise(resolve => {
 """
 
 
+def _toc() -> dict:
+    return yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+
+
 def toc_chapters() -> list[str]:
     """Every ``chapters:`` entry of ``_toc.yml`` (sections excluded), as paths without suffix."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", [])]
+    return [c["file"] for part in _toc().get("parts", []) for c in part.get("chapters", [])]
 
 
 def landing_page_problems(html_dir: Path) -> list[str]:
     """Chapters of ``_toc.yml`` that the landing page's own text does not link to."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    landing = html_dir / f"{toc['root']}.html"
+    landing = html_dir / f"{_toc()['root']}.html"
     text = landing.read_text(encoding="utf-8")
     main = text[text.find("<main"): text.find("</main>")] if "<main" in text else text
     linked = {(landing.parent / unquote(urlsplit(h).path)).resolve()

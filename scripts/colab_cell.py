@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
+from set_repository import current_url
 
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "remove-cell"
@@ -67,7 +67,7 @@ def add_cell(nb: dict, url: str) -> None:
 
 
 def main(check: bool, paths: list[Path]) -> int:
-    url = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]["url"]
+    url = current_url()
     missing = []
     for path in paths or sorted((ROOT / "book").glob("*.ipynb")):
         path = path.resolve()
