@@ -1,21 +1,26 @@
-"""Measuring code, the same way in every chapter and benchmark: wall time and saved activations.
+"""Measuring code, the same way in every chapter and benchmark: time, CPU usage and saved activations.
 
 Timings on a shared machine are noisy; :func:`best_time` reports the *minimum* over a few runs,
 the least disturbed one, and synchronises the device so that asynchronous GPU work is counted.
 On a busy CPU, ``clock="cpu"`` measures the CPU time the process used instead of the wall
 time, which other programs do not inflate (on the CPU only: GPU work is not CPU time).
+:func:`cpu_usage_of` splits that CPU time into *user* time (the program's own code) and *system*
+time (the operating system working for it, mostly handing out fresh memory: the first touch of
+each new page is a *page fault*, which it also counts).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from companion._validation import check_int
 
-__all__ = ["synchronize", "best_time", "saved_tensor_bytes"]
+__all__ = ["synchronize", "best_time", "CpuUsage", "cpu_usage", "cpu_usage_of", "saved_tensor_bytes"]
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -53,6 +58,46 @@ def best_time(fn: Callable[[], object], repeats: int = 5, *, warmup: int = 1, in
         synchronize(device)
         best = min(best, (now() - start) / inner)
     return best
+
+
+class CpuUsage(NamedTuple):
+    """CPU time of this process, all threads: ``user`` and ``system`` seconds, and minor ``page_faults``."""
+
+    user: float
+    system: float
+    page_faults: int
+
+    @property
+    def seconds(self) -> float:
+        """``user + system``."""
+        return self.user + self.system
+
+    def __sub__(self, other: CpuUsage) -> CpuUsage:  # type: ignore[override]
+        return CpuUsage(self.user - other.user, self.system - other.system, self.page_faults - other.page_faults)
+
+
+def cpu_usage() -> CpuUsage:
+    """The CPU time and page faults this process has used so far (page faults are 0 on Windows)."""
+    try:
+        import resource  # Unix only
+    except ImportError:  # Windows: user and system time from os.times(), no page-fault count
+        times = os.times()
+        return CpuUsage(times.user, times.system, 0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return CpuUsage(usage.ru_utime, usage.ru_stime, usage.ru_minflt)
+
+
+def cpu_usage_of(fn: Callable[[], object]) -> CpuUsage:
+    """The :class:`CpuUsage` of one call of ``fn()`` (CPU work only: queued GPU work is not counted).
+
+    The operating system splits CPU time between user and system at its clock ticks, a few
+    milliseconds apart: read the split only for calls much longer than that.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    before = cpu_usage()
+    fn()
+    return cpu_usage() - before
 
 
 def saved_tensor_bytes(fn: Callable[[], object]) -> int:

@@ -59,3 +59,27 @@ def test_explicit_attention_keeps_one_weight_matrix_for_backward(masked):
     saved = saved_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v, mask)[0])
     one_matrix = b * h * L * L * 4
     assert one_matrix <= saved < 1.5 * one_matrix, saved / one_matrix
+
+
+def test_cpu_usage_of_counts_work_and_fresh_pages():
+    import mmap
+    import os
+
+    from companion.profiling import CpuUsage, cpu_usage, cpu_usage_of
+
+    assert isinstance(cpu_usage(), CpuUsage)
+    idle = cpu_usage_of(lambda: None)
+    busy = cpu_usage_of(lambda: sum(i * i for i in range(3_000_000)))  # pure Python: user time
+    assert busy.seconds > 0.05 and busy.seconds > 10 * idle.seconds + 0.01
+    assert busy.user >= busy.system
+
+    def touch_fresh_memory():
+        torch.ones(64 * 2**20 // 4)  # 64 MiB, written once: every page is new to the process
+
+    usage = cpu_usage_of(touch_fresh_memory)
+    if os.name != "nt":  # Windows does not count page faults
+        # 16 384 faults with 4 KiB pages; 32 if the kernel backs the block with 2 MiB huge pages
+        assert usage.page_faults >= 16, usage
+        assert usage.page_faults < 4 * 64 * 2**20 / mmap.PAGESIZE
+    with pytest.raises(TypeError, match="fn must be callable"):
+        cpu_usage_of(42)
