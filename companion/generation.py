@@ -139,7 +139,9 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
             out = torch.cat([out, nxt], dim=1)
             if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
                 break
-            logits = (model(nxt, cache=cache) if use_cache else model(out))[:, -1]
+            # checked once above; each step skips the model's own input checks
+            logits = model.head(model._hidden(nxt, None, cache, None, False) if use_cache
+                                else model._hidden(out, None, None, None, False)[:, -1:])[:, -1]
     return out
 
 

@@ -109,14 +109,16 @@ class KVCache:
         """Append ``k``, ``v`` ``(batch, kv_heads, new, head_dim)`` to ``layer``; return all stored keys and values."""
         start = self.lengths[self._layer(layer)]
         self._check_kv(k, v)
-        end = start + k.shape[2]
+        new = k.shape[2]
+        end = start + new
         if end > self.max_len:
-            raise ValueError(f"the KV cache holds max_len={self.max_len} tokens per layer; appending {k.shape[2]} "
+            raise ValueError(f"the KV cache holds max_len={self.max_len} tokens per layer; appending {new} "
                              f"to the {start} stored would need {end} (make a longer cache)")
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
+        keys, values = self.keys[layer], self.values[layer]  # (batch, kv_heads, max_len, head_dim) views
+        keys.narrow(2, start, new).copy_(k)  # in place: nothing old is copied
+        values.narrow(2, start, new).copy_(v)
         self.lengths[layer] = end
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     def set(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Overwrite ``layer``'s slot with ``k``, ``v`` (the cross-attention case); return them as stored."""

@@ -89,6 +89,12 @@ class GPT(nn.Module):
                 raise ValueError(f"attention_mask must have shape (batch, past + seq) = {expected}, got {tuple(got)}")
             padding = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, keys): over heads and queries
             mask = padding if mask is None else mask & padding
+        return self._hidden(ids, mask, cache, positions, need_weights)
+
+    def _hidden(self, ids: Tensor, mask: Tensor | None, cache: KVCache | None, positions: Tensor | None,
+                need_weights: bool) -> Tensor:
+        # hidden_states without the input checks: generate() checks its inputs once, then calls this
+        # at every step (a decoding step is short enough for the checks' reductions to show)
         x = self.tok_emb(ids)
         if self.config.scale_embeddings:  # the original Transformer's √d_model (Vaswani et al., 2017, §3.4)
             x = x * self.config.d_model**0.5
