@@ -7,6 +7,11 @@ into the residual stream (attention's ``out_proj``, the FFN's output) scaled dow
 modules keep PyTorch's defaults (as ``torch.nn.Transformer`` does). Either way, token embeddings
 that are multiplied by ``√d_model`` (the original Transformer) start at N(0, 1/d_model), so they
 enter the model at unit scale.
+
+T5 has its own scheme (:func:`init_t5_weights`, Mesh TensorFlow's and Hugging Face's): every
+matrix drawn from N(0, 1/fan_in), the token embeddings from N(0, 1), and, because T5 does not
+divide its attention scores by ``√head_dim``, the query projection a further ``1/√head_dim``
+smaller — the scale is folded into the initial weights instead of the scores.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from companion.attention import MultiHeadAttention
 from companion.config import ModelConfig
 from companion.feedforward import FeedForward, GatedFeedForward
-from companion.positional import LearnedPositionalEmbedding
+from companion.positional import LearnedPositionalEmbedding, T5RelativePositionBias
 
-__all__ = ["init_weights"]
+__all__ = ["init_weights", "init_t5_weights"]
 
 
 def init_weights(model: nn.Module, config: ModelConfig, depth: int, token_embeddings: Iterable[nn.Embedding]) -> None:
@@ -53,3 +59,34 @@ def init_weights(model: nn.Module, config: ModelConfig, depth: int, token_embedd
     if config.scale_embeddings:
         for embedding in token_embeddings:
             nn.init.normal_(embedding.weight, std=config.d_model**-0.5)
+
+
+def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Iterable[nn.Embedding]) -> None:
+    """T5's initial weights (Raffel et al., 2020; as Hugging Face's ``T5PreTrainedModel``), in place.
+
+    Each projection is drawn from N(0, 1/fan_in): queries ``(d_model · head_dim)^-1/2`` when the
+    scores are unscaled (``config.attention_scale == 1``, T5's choice; ``d_model^-1/2`` otherwise),
+    keys and values ``d_model^-1/2``, attention output ``(heads · head_dim)^-1/2``, FFN input
+    ``d_model^-1/2`` and output ``d_ff^-1/2``; token embeddings N(0, 1) (a tied output projection
+    rescales the states by ``d_model^-1/2``); relative position biases ``d_model^-1/2``; norms 1.
+    """
+    d_model = config.d_model
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            d, q_rows = module.head_dim, module.n_heads * module.head_dim
+            q_std = (d_model * d) ** -0.5 if config.attention_scale == 1.0 else d_model**-0.5
+            with torch.no_grad():
+                module.in_proj.weight[:q_rows].normal_(0.0, q_std)
+                module.in_proj.weight[q_rows:].normal_(0.0, d_model**-0.5)  # keys and values
+            nn.init.normal_(module.out_proj.weight, std=q_rows**-0.5)
+        elif isinstance(module, FeedForward):
+            nn.init.normal_(module.w1.weight, std=d_model**-0.5)
+            nn.init.normal_(module.w2.weight, std=module.d_ff**-0.5)
+        elif isinstance(module, GatedFeedForward):
+            nn.init.normal_(module.w_gate.weight, std=d_model**-0.5)
+            nn.init.normal_(module.w_in.weight, std=d_model**-0.5)
+            nn.init.normal_(module.w_out.weight, std=module.d_ff**-0.5)
+        elif isinstance(module, T5RelativePositionBias):
+            nn.init.normal_(module.relative_attention_bias.weight, std=d_model**-0.5)
+    for embedding in token_embeddings:
+        nn.init.normal_(embedding.weight, std=1.0)

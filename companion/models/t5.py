@@ -9,7 +9,7 @@ settled on (``ModelConfig.preset("t5-small")``):
   its layers — bidirectional buckets in the encoder, causal ones in the decoder — and none in
   cross-attention;
 * unscaled attention scores (``attention_scale=1``: the ``1/√head_dim`` is folded into the
-  initialisation);
+  initialisation of the query projection, :func:`companion.initialization.init_t5_weights`);
 * one embedding matrix for source, target and output, and, since the output reuses it, the
   decoder's states scaled by ``d_model^−0.5`` before the projection;
 * a ReLU FFN (T5 v1.1: gated-GELU, ``ffn="geglu"``).
@@ -24,6 +24,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from companion.config import ModelConfig
+from companion.initialization import init_t5_weights
 from companion.models.transformer import Transformer
 
 __all__ = ["T5"]
@@ -45,6 +46,8 @@ class T5(Transformer):
         if isinstance(config, ModelConfig) and config.tgt_vocab_size is not None:
             raise ValueError(f"T5 shares one vocabulary: tgt_vocab_size must be None, got {config.tgt_vocab_size}")
         super().__init__(config)
+        if config.init_std is None:  # T5's own scheme; an explicit init_std keeps GPT-2's
+            init_t5_weights(self, config, [self.src_embed])
 
     def project(self, h: Tensor) -> Tensor:
         """Logits from decoder states; a tied projection first rescales by ``d_model^−0.5`` (as T5 does)."""
