@@ -85,7 +85,9 @@ def mlm_mask(ids: Tensor, *, vocab_size: int, mask_id: int, special_ids: Iterabl
     r = uniform(ids.shape)
     to_mask = chosen & (r < ratios[0])
     to_random = chosen & (r >= ratios[0]) & (r < ratios[0] + ratios[1])
-    allowed = torch.tensor([v for v in range(vocab_size) if v not in set(specials)], device=ids.device)
+    keep = torch.ones(vocab_size, dtype=torch.bool)
+    keep[[s for s in specials if 0 <= s < vocab_size]] = False
+    allowed = keep.nonzero().squeeze(1).to(ids.device)  # the non-special ids, in order
     random_ids = allowed[torch.randint(len(allowed), ids.shape, generator=generator).to(ids.device)]
     inputs = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
     inputs = torch.where(to_random, random_ids, inputs)
