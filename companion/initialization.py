@@ -69,6 +69,11 @@ def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Ite
     keys and values ``d_model^-1/2``, attention output ``(heads · head_dim)^-1/2``, FFN input
     ``d_model^-1/2`` and output ``d_ff^-1/2``; token embeddings N(0, 1) (a tied output projection
     rescales the states by ``d_model^-1/2``); relative position biases ``d_model^-1/2``; norms 1.
+
+    T5 was trained with Adafactor (Shazeer & Stern, 2018), whose steps scale with each weight's
+    size. Adam's steps do not: on the small query weights the same learning rate moves the
+    attention scores ``√head_dim`` times further, so with AdamW a small T5 with unscaled scores
+    learns more slowly than with ``attention_scale=None`` (Chapter 12, exercise 4, measures it).
     """
     d_model = config.d_model
     for module in model.modules():
