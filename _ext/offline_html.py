@@ -17,6 +17,9 @@ Theme fixes
 - Jupyter Book registers sphinx-thebe's configuration script twice, so the second copy's
   ``const THEBE_JS_URL`` is a ``SyntaxError`` on every page: identical inline scripts are dropped.
 - pydata-sphinx-theme logs "Got invalid theme mode" unless a default colour mode is set: light.
+- A displayed equation wider than the text column was cut off (``div.math`` hides its overflow):
+  it scrolls sideways instead (``offline_html.css``). ``scripts/check_html.py`` still reports
+  any equation wider than the column at desktop width, so that none needs the scroll bar there.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ MATHJAX_CONFIG = {
     "showMathMenu": False,
     "messageStyle": "none",
 }
+
+
+CSS = """/* offline_html.py: a displayed equation wider than the column scrolls instead of being cut off */
+div.math { overflow-x: auto; overflow-y: hidden; }
+"""
 
 
 def mathjax_source() -> Path:
@@ -79,6 +87,7 @@ def _unique_scripts(app, pagename, templatename, context, doctree) -> None:
 def _copy(app, exception) -> None:
     if exception is None and app.builder.format == "html":
         shutil.copytree(mathjax_source(), Path(app.outdir) / "_static" / "mathjax", dirs_exist_ok=True)
+        (Path(app.outdir) / "_static" / "offline_html.css").write_text(CSS, encoding="utf-8")
 
 
 def setup(app):
@@ -86,4 +95,5 @@ def setup(app):
     app.connect("config-inited", _theme_defaults, priority=900)
     app.connect("html-page-context", _unique_scripts, priority=999)  # after the scripts are added
     app.connect("build-finished", _copy)
+    app.add_css_file("offline_html.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
