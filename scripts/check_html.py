@@ -13,7 +13,8 @@ for each page the check asserts that:
 - the console logged no error and the page threw no exception (a script fetched from a CDN
   fails here, since the network is off);
 - no table is wider than the page's content column (a column off-screen, as Appendix A's
-  verdicts once were);
+  verdicts once were), and no displayed equation is wider than the block that holds it (its
+  right-hand side cut off or hidden behind a scroll bar);
 - the landing page links every chapter of ``_toc.yml``.
 
 A screenshot of each page goes to ``_build/screenshots/``. Chromium is driven through its
@@ -226,6 +227,12 @@ new Promise(resolve => {
       .filter(t => t.getBoundingClientRect().width > 0 && t.getBoundingClientRect().right > right + 2)
       .map(t => (t.querySelector("th, td")?.innerText || "").slice(0, 40) +
                 ` (table ${Math.round(t.getBoundingClientRect().right)} px > column ${Math.round(right)} px)`);
+    // a displayed equation is typeset in span.math inside its block (div.math, overflow hidden)
+    const wideMath = [...document.querySelectorAll("main div.math")]
+      .map(d => [d, d.querySelector(".MathJax_Display span.math")])
+      .filter(([d, m]) => m && d.clientWidth > 0 && m.scrollWidth > d.clientWidth + 2)
+      .map(([d, m]) => Array.from(m.textContent || "").slice(0, 30).join("") +
+                       ` (equation ${m.scrollWidth} px > block ${d.clientWidth} px)`);
     resolve({
       mathjax: typeof MathJax !== "undefined" && !!MathJax.Hub,
       math: document.querySelectorAll("main .math.notranslate").length,
@@ -234,6 +241,7 @@ new Promise(resolve => {
       raw: raw.slice(0, 3),
       images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
       wide: wide,
+      wideMath: wideMath,
     });
   };
   const start = Date.now();
@@ -308,6 +316,7 @@ def main(html_dir: Path) -> int:
             found += [f"raw LaTeX left: ...{r}..." for r in report["raw"]]
             found += [f"image did not load: {src}" for src in report["images"]]
             found += [f"table wider than the page: {w}" for w in report["wide"]]
+            found += [f"equation wider than the page: {w}" for w in report["wideMath"]]
             found += browser.errors()
             browser.screenshot(shots / (name.replace("/", "__").removesuffix(".html") + ".png"))
             print(f"{'ok  ' if not found else 'FAIL'} {name}: {report['rendered']} equations rendered", flush=True)
