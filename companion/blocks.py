@@ -78,11 +78,10 @@ class Block(nn.Module):
 
     def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """``x + Drop(f(Norm(x)))`` (pre-norm) or ``Norm(x + Drop(f(x)))`` (post-norm); no ``x +`` without residuals."""
-        y = f(norm(x)) if self.pre else f(x)
-        if self.training and self.drop.p > 0:  # skipped in eval: no module call per sublayer when decoding
-            y = self.drop(y)
         if self.pre:
+            y = self.drop(f(norm(x)))
             return x + y if self.residual else y
+        y = self.drop(f(x))
         return norm(x + y if self.residual else y)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None, causal: bool = False,
