@@ -14,8 +14,9 @@ install:
 book: install
 	jupyter-book build . -W --keep-going
 
+# Two workers (pytest-xdist): a test module or a notebook stays in one worker, its cells in order.
 test: install
-	$(PYTHON) -m pytest tests book $(NBVAL)
+	$(PYTHON) -m pytest tests book $(NBVAL) -n 2 --dist loadscope
 
 # The notebooks again, as a machine with other CPU kernels would run them (see CONTRIBUTING.md);
 # two notebooks at a time (each in its own kernel; a notebook's cells stay together in order).

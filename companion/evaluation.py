@@ -15,6 +15,11 @@ the text it produces. Three numbers describe that text, each computed on token i
   is confident (greedy: far below the loss on human text) or wanders into its unreliable tail
   (pure sampling; Holtzman et al., 2020, Table 1).
 
+:func:`stream_nll` is the held-out loss of a long token stream for a model with a fixed context:
+every token scored once, from windows that overlap so that each prediction has at least
+``context - stride`` tokens of context (a sliding-window evaluation; Dai et al., 2019, Fig. 1,
+draw its extreme case, stride 1, for a fixed-context Transformer).
+
 :func:`bits_per_character` converts a loss in nats per token into bits per character, the unit
 in which models with different tokenizers can be compared.
 """
@@ -30,7 +35,7 @@ from torch import Tensor, nn
 
 from companion._validation import check_int
 
-__all__ = ["distinct_n", "repeat_rate", "continuation_nll", "bits_per_character"]
+__all__ = ["distinct_n", "repeat_rate", "continuation_nll", "stream_nll", "bits_per_character"]
 
 Sequences = Tensor | Sequence[Sequence[int]]
 
@@ -134,6 +139,66 @@ def continuation_nll(model: nn.Module, ids: Tensor, prompt_len: int) -> Tensor:
     targets = ids[:, prompt_len:]
     nll = F.cross_entropy(scored.transpose(1, 2), targets, reduction="none")  # (batch, n_scored)
     return nll.mean(dim=1)
+
+
+@torch.no_grad()
+def stream_nll(model: nn.Module, ids: Tensor, context: int, stride: int | None = None, batch_size: int = 64) -> float:
+    """Mean ``−log p(x_t | window)`` (nats per token) over every token ``t >= 1`` of a stream ``ids`` ``(n,)``.
+
+    The model reads windows of ``context`` tokens starting every ``stride`` tokens (the last one
+    aligned with the end of the stream). The first window scores all its predictions; each later
+    one scores only the tokens no earlier window scored, so every token from the second on is
+    scored exactly once, and (beyond the first window) from at least ``context - stride`` tokens
+    of context. ``stride = context`` (the default) is non-overlapping windows: the cheapest, but
+    the first tokens of each window are predicted from almost nothing. ``stride = context // 2``
+    costs twice as many forward passes and gives every prediction at least half a window.
+
+    Args:
+        model: a causal language model, ``ids (batch, seq) -> logits (batch, seq, vocab)``, run in
+            eval mode (its mode is restored afterwards).
+        ids: ``(n,)`` token ids, ``n >= 2``, on the model's device.
+        context: tokens per window (at most the model's ``max_len``).
+        stride: tokens between window starts, ``1 <= stride <= context``.
+        batch_size: windows per forward pass.
+
+    Returns:
+        The mean negative log-likelihood over the ``n - 1`` predicted tokens.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if (not isinstance(ids, Tensor) or ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool
+            or len(ids) < 2):
+        got = f"shape {tuple(ids.shape)}, dtype {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"ids must be a 1-D integer tensor of at least 2 token ids, got {got}")
+    check_int("context", context, 1)
+    stride = context if stride is None else stride
+    check_int("stride", stride, 1)
+    if stride > context:
+        raise ValueError(f"stride must be <= context = {context} (a larger stride would skip tokens), got {stride}")
+    check_int("batch_size", batch_size, 1)
+    n = len(ids)
+    width = min(context, n - 1)  # a stream shorter than a window is one window
+    starts = list(range(0, n - 1 - width + 1, stride))
+    if starts[-1] + width < n - 1:
+        starts.append(n - 1 - width)  # the last window ends with the stream
+    skips, scored_up_to = [], 0  # scored_up_to: targets 1..scored_up_to are done
+    for s in starts:
+        skips.append(scored_up_to - s)  # the window's first targets (s+1 ..) that an earlier one scored
+        scored_up_to = s + width
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    try:
+        offsets = torch.arange(width, device=ids.device)
+        for i in range(0, len(starts), batch_size):
+            first = torch.tensor(starts[i : i + batch_size], device=ids.device)[:, None]
+            x, y = ids[first + offsets], ids[first + offsets + 1]  # (windows, width)
+            nll = F.cross_entropy(model(x).float().transpose(1, 2), y, reduction="none")
+            keep = offsets >= torch.tensor(skips[i : i + batch_size], device=ids.device)[:, None]
+            total += nll[keep].sum().item()
+    finally:
+        model.train(was_training)
+    return total / (n - 1)
 
 
 def bits_per_character(nats_per_token: float, n_tokens: int, n_chars: int) -> float:

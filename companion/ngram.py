@@ -4,16 +4,25 @@ A language model's held-out loss means little on its own; next to the loss of a 
 on the same split it says how much of the text's structure the model has learned. An n-gram model
 predicts token ``w`` from the ``n − 1`` tokens before it, ``h``, by counting how often ``h w``
 followed ``h`` in the training text (Jurafsky & Martin, ch. 3). Unseen pairs must not get
-probability zero (a held-out loss would be infinite), so we use **interpolated absolute
-discounting**, the core of Kneser–Ney smoothing: every seen count gives up a discount ``D`` and
-the freed mass goes to the lower-order model::
+probability zero (a held-out loss would be infinite). Two smoothings are implemented:
 
-    P_n(w | h) = max(c(h w) − D, 0) / c(h)  +  D · N₁₊(h •) / c(h) · P_{n−1}(w | h')
+* ``smoothing="absolute"`` (the default), **interpolated absolute discounting**: every seen count
+  gives up a discount ``D`` and the freed mass goes to the lower-order model::
 
-where ``c(h) = Σ_w c(h w)``, ``N₁₊(h •)`` is the number of distinct tokens seen after ``h``,
-``h'`` is ``h`` without its first token, and a context never seen in training falls back to
-``P_{n−1}`` entirely. The recursion ends at the add-one unigram ``(c(w) + 1) / (N + V)``. Every
-conditional distribution sums to 1 over the vocabulary (tested).
+      P_n(w | h) = max(c(h w) − D, 0) / c(h)  +  D · N₁₊(h •) / c(h) · P_{n−1}(w | h')
+
+  where ``c(h) = Σ_w c(h w)``, ``N₁₊(h •)`` is the number of distinct tokens seen after ``h``,
+  ``h'`` is ``h`` without its first token, and a context never seen in training falls back to
+  ``P_{n−1}`` entirely. The recursion ends at the add-one unigram ``(c(w) + 1) / (N + V)``.
+* ``smoothing="kneser_ney"``, **interpolated Kneser–Ney** (Kneser & Ney, 1995; the interpolated
+  form of Chen & Goodman, 1999, with one discount): the same recursion, but every *lower* order
+  counts the distinct tokens that precede a k-gram, ``N₁₊(• h w)``, instead of its occurrences,
+  so a token that is frequent only after one context (*Francisco* after *San*) gets little mass
+  where that context is absent. The unigram level is discounted the same way and interpolated with
+  the uniform ``1 / V``. The highest order keeps the plain counts.
+
+Every conditional distribution sums to 1 over the vocabulary (tested, and both smoothings are
+checked against a brute-force model written with ``Counter``).
 
 :func:`ngram_cross_entropy` is the one-call form the chapters use: fit on the training ids,
 return the mean negative log-likelihood (nats per token) of the held-out ids.
@@ -27,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from companion._validation import check_int
+from companion._validation import check_choice, check_int
 
 __all__ = ["NGramLM", "ngram_cross_entropy"]
 
@@ -62,21 +71,27 @@ class _Table:
         return torch.where(self.keys[i] == query, self.counts[i], torch.zeros_like(query))
 
 
+SMOOTHINGS = ("absolute", "kneser_ney")
+
+
 class NGramLM:
-    """An ``order``-gram model with interpolated absolute discounting (see the module docstring).
+    """An ``order``-gram model with interpolated absolute discounting or Kneser–Ney (module docstring).
 
     Args:
         train_ids: the training token ids, 1-D.
         order: ``n`` (1 = unigram, 2 = bigram, …).
         vocab_size: ids are in ``[0, vocab_size)``; ``vocab_size ** order`` must fit in int64.
         discount: ``D`` in ``(0, 1)``; 0.75 is the usual choice.
+        smoothing: ``"absolute"`` or ``"kneser_ney"``.
     """
 
-    def __init__(self, train_ids: Tensor | Sequence[int], order: int, vocab_size: int, discount: float = 0.75) -> None:
+    def __init__(self, train_ids: Tensor | Sequence[int], order: int, vocab_size: int, discount: float = 0.75,
+                 smoothing: str = "absolute") -> None:
         self.order = check_int("order", order, 1)
         self.vocab_size = check_int("vocab_size", vocab_size, 1)
         if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount < 1:
             raise ValueError(f"discount must be a number in (0, 1), got {discount!r}")
+        self.smoothing = check_choice("smoothing", smoothing, SMOOTHINGS)
         if order * math.log2(vocab_size) >= 62:
             raise ValueError(f"vocab_size ** order must fit in int64: {vocab_size} ** {order} is too large")
         ids = _as_ids("train_ids", train_ids, vocab_size)
@@ -84,25 +99,42 @@ class NGramLM:
             raise ValueError(f"train_ids must hold at least order={order} tokens, got {ids.numel()}")
         self.discount = float(discount)
         self.n_tokens = ids.numel()
-        self.unigram = torch.bincount(ids, minlength=vocab_size)
+        kn = self.smoothing == "kneser_ney"
+
+        def counted(k: int) -> Tensor:
+            # the k-grams, each repeated as often as it counts: its occurrences (absolute discounting,
+            # and Kneser-Ney's highest order) or the distinct tokens before it (Kneser-Ney's lower orders)
+            if kn and k < order:
+                return torch.unique(_keys(ids, k + 1, vocab_size)) % vocab_size**k
+            return _keys(ids, k, vocab_size)
+
+        self.unigram = torch.bincount(counted(1), minlength=vocab_size)
         # For each order k >= 2: counts of k-grams, of their (k-1)-token contexts, and of the
         # number of distinct tokens that follow each context.
         self.grams: list[tuple[_Table, _Table, _Table]] = []
         for k in range(2, order + 1):
-            grams = _keys(ids, k, vocab_size)
+            grams = counted(k)
             unique_grams = torch.unique(grams)
             contexts = _Table(grams // vocab_size)  # c(h): occurrences of h followed by a token
             followers = _Table(unique_grams // vocab_size)  # N1+(h .): distinct tokens after h
             self.grams.append((_Table(grams), contexts, followers))
 
     def __repr__(self) -> str:
-        return f"NGramLM(order={self.order}, vocab_size={self.vocab_size}, discount={self.discount})"
+        return (f"NGramLM(order={self.order}, vocab_size={self.vocab_size}, discount={self.discount}, "
+                f"smoothing={self.smoothing!r})")
+
+    def _unigram_prob(self, tokens: Tensor) -> Tensor:
+        counts = self.unigram.double()
+        if self.smoothing == "absolute":  # add-one
+            return (counts[tokens] + 1) / (self.n_tokens + self.vocab_size)
+        total, types = counts.sum(), (counts > 0).sum()  # Kneser-Ney: discounted, interpolated with 1/V
+        return (counts[tokens] - self.discount).clamp(min=0) / total + self.discount * types / total / self.vocab_size
 
     def prob(self, contexts: Tensor, tokens: Tensor) -> Tensor:
         """``P(token | context)`` per row: ``contexts`` ``(m, order − 1)``, ``tokens`` ``(m,)`` -> ``(m,)`` float64."""
         contexts = torch.as_tensor(contexts, dtype=torch.long).reshape(len(tokens), self.order - 1)
         tokens = torch.as_tensor(tokens, dtype=torch.long)
-        p = (self.unigram[tokens].double() + 1) / (self.n_tokens + self.vocab_size)
+        p = self._unigram_prob(tokens)
         for k, (grams, ctx_count, followers) in enumerate(self.grams, start=2):
             h = contexts[:, self.order - k :]  # the last k - 1 tokens of the context
             h_key = h @ (self.vocab_size ** torch.arange(k - 2, -1, -1, dtype=torch.long))
@@ -125,6 +157,6 @@ class NGramLM:
 
 
 def ngram_cross_entropy(train_ids: Tensor | Sequence[int], eval_ids: Tensor | Sequence[int], order: int,
-                        vocab_size: int, discount: float = 0.75) -> float:
+                        vocab_size: int, discount: float = 0.75, smoothing: str = "absolute") -> float:
     """Held-out loss (nats per token) of an :class:`NGramLM` fitted on ``train_ids``, evaluated on ``eval_ids``."""
-    return NGramLM(train_ids, order, vocab_size, discount).cross_entropy(eval_ids)
+    return NGramLM(train_ids, order, vocab_size, discount, smoothing).cross_entropy(eval_ids)

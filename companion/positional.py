@@ -143,24 +143,32 @@ class SinusoidalPositionalEncoding(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base:g}"
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | None = None, *, start: int = 0) -> Tensor:
         """``x + PE[positions]``.
 
         Args:
             x: token embeddings ``(batch, seq, d_model)``.
-            positions: integer positions ``(seq,)`` or ``(batch, seq)``; default ``arange(seq)``
-                (pass ``past + arange(seq)`` when decoding with a cache).
+            positions: integer positions ``(seq,)`` or ``(batch, seq)``; default
+                ``start + arange(seq)``.
+            start: the first position when ``positions`` is None (the cached length when decoding
+                with a cache); the rows are then a slice of the table, with no gather.
 
         Returns:
             ``(batch, seq, d_model)``.
         """
         check_features(x, self.d_model, ndim=3)
+        if positions is None:
+            end = check_int("start", start, 0) + x.shape[1]
+            self._grow(end)
+            return x + self.pe[start:end].to(device=x.device, dtype=x.dtype)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+        self._grow(int(positions.max()) + 1 if positions.numel() else 0)
+        return x + self.pe[positions].to(device=x.device, dtype=x.dtype)
+
+    def _grow(self, needed: int) -> None:
         if needed > self.pe.shape[0]:  # grow the table: a formula has no length limit
             rows = max(needed, 2 * self.pe.shape[0])
             self.pe = sinusoidal_encoding(rows, self.d_model, self.base, device=self.pe.device)
-        return x + self.pe[positions].to(device=x.device, dtype=x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -184,12 +192,15 @@ class LearnedPositionalEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, d_model={self.d_model}"
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | None = None, *, start: int = 0) -> Tensor:
         """``x + weight[positions]``.
 
         Args:
             x: token embeddings ``(batch, seq, d_model)``.
-            positions: integer positions ``(seq,)`` or ``(batch, seq)``; default ``arange(seq)``.
+            positions: integer positions ``(seq,)`` or ``(batch, seq)``; default
+                ``start + arange(seq)``.
+            start: the first position when ``positions`` is None (the cached length when decoding
+                with a cache); the rows are then a slice of the table, with no gather.
 
         Returns:
             ``(batch, seq, d_model)``.
@@ -198,15 +209,22 @@ class LearnedPositionalEmbedding(nn.Module):
             ValueError: if a position is ``>= max_len``: there is no embedding for it.
         """
         check_features(x, self.d_model, ndim=3)
+        if positions is None:
+            end = check_int("start", start, 0) + x.shape[1]
+            self._check_last(end - 1)
+            return x + self.weight[start:end].to(x.dtype)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
-        if positions.numel() and int(positions.max()) >= self.max_len:
-            last = int(positions.max())
+        if positions.numel():
+            self._check_last(int(positions.max()))
+        return x + self.weight[positions].to(x.dtype)
+
+    def _check_last(self, last: int) -> None:
+        if last >= self.max_len:
             raise ValueError(
                 f"LearnedPositionalEmbedding has vectors for positions 0..{self.max_len - 1} (max_len={self.max_len}); "
                 f"there is no embedding for position {last} (a sequence of {last + 1} tokens). "
                 "Learned absolute positions cannot extrapolate beyond the length they were trained for."
             )
-        return x + self.weight[positions].to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,9 +520,12 @@ class Positions(nn.Module):
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, causal={self.causal}"
 
-    def add(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Embeddings ``x`` ``(batch, seq, d_model)`` plus the absolute positions' vectors (if any)."""
-        return x if self.table is None else self.table(x, positions)
+    def add(self, x: Tensor, positions: Tensor | None = None, *, start: int = 0) -> Tensor:
+        """Embeddings ``x`` ``(batch, seq, d_model)`` plus the absolute positions' vectors (if any).
+
+        ``positions`` default to ``start + arange(seq)``.
+        """
+        return x if self.table is None else self.table(x, positions, start=start)
 
     def bias(self, q_len: int, k_len: int, *, device: torch.device | None = None,
              dtype: torch.dtype = torch.float32) -> Tensor | None:

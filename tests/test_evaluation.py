@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from companion.config import ModelConfig
-from companion.evaluation import bits_per_character, continuation_nll, distinct_n, repeat_rate
+from companion.evaluation import bits_per_character, continuation_nll, distinct_n, repeat_rate, stream_nll
 from companion.generation import generate
 from companion.models.gpt import GPT
 
@@ -159,3 +159,64 @@ def test_bits_per_character():
         bits_per_character(1.0, 1, 0)
     with pytest.raises(ValueError, match="n_tokens"):
         bits_per_character(1.0, 0, 1)
+
+
+class _LastTokenLM(nn.Module):
+    """Logits from the current token only (a bigram model): windowing cannot change its predictions."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, vocab)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+@pytest.mark.parametrize("context, stride", [(8, 8), (8, 3), (7, 1), (16, 5), (500, 10)])
+def test_stream_nll_scores_every_token_once(context, stride):
+    # a model without context gives the same loss per token in any window: if a token were scored
+    # twice, or missed, the mean would move (the per-token losses differ)
+    torch.manual_seed(0)
+    model = _LastTokenLM(11)
+    ids = torch.randint(0, 11, (203,))
+    full = F.cross_entropy(model(ids[:-1]), ids[1:]).item()
+    assert stream_nll(model, ids, context, stride, batch_size=4) == pytest.approx(full, rel=1e-6)
+
+
+def test_stream_nll_non_overlapping_windows_and_one_window():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=64)).eval()
+    ids = torch.randint(0, 50, (16 * 10 + 1,))
+    x, y = ids[:-1].view(10, 16), ids[1:].view(10, 16)  # ten windows of 16, every target once
+    with torch.no_grad():
+        by_hand = model.loss(x, y).item()
+    assert stream_nll(model, ids, 16) == pytest.approx(by_hand, rel=1e-5)
+    # a stream that fits one window: the plain teacher-forced loss of the whole stream
+    short = ids[:40]
+    assert stream_nll(model, short, 64, 8) == pytest.approx(continuation_nll(model, short[None], 1).item(), rel=1e-5)
+
+
+def test_stream_nll_overlap_gives_context_and_restores_mode():
+    # a trained-free but context-sensitive check: with stride < context, a token's window differs
+    # from the non-overlapping one, and the loss is computed in eval mode without changing the mode
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=32, dropout=0.5)).train()
+    ids = torch.randint(0, 50, (300,))
+    a, b = stream_nll(model, ids, 32, 32), stream_nll(model, ids, 32, 8)
+    assert model.training
+    assert a != pytest.approx(b, rel=1e-6)  # the windows differ, so does the context of most tokens
+    assert stream_nll(model, ids, 32, 8) == b  # eval mode: dropout off, deterministic
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(ids=torch.zeros(2, 5, dtype=torch.long)), "ids must be a 1-D"),
+    (dict(ids=torch.zeros(1, dtype=torch.long)), "at least 2"),
+    (dict(context=0), "context"),
+    (dict(stride=9), "stride must be <= context = 8"),
+    (dict(stride=0), "stride"),
+])
+def test_stream_nll_rejects_bad_input(kwargs, match):
+    args = dict(model=_LastTokenLM(5), ids=torch.zeros(20, dtype=torch.long), context=8, stride=None)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        stream_nll(**args)

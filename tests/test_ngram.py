@@ -24,6 +24,54 @@ def brute_force_prob(train, order, vocab, discount, context, token):
     return p
 
 
+def brute_force_kneser_ney(train, order, vocab, discount, context, token):
+    """Interpolated Kneser-Ney written with Counters: continuation counts below the highest order."""
+    n = len(train)
+
+    def counts(k):  # k-gram -> its count at level k (occurrences at the top, distinct left contexts below)
+        if k == order:
+            return Counter(tuple(train[i : i + k]) for i in range(n - k + 1))
+        left = {tuple(train[i : i + k + 1]) for i in range(n - k)}
+        return Counter(g[1:] for g in left)
+
+    unigram = counts(1)
+    total = sum(unigram.values())
+    p = max(unigram[(token,)] - discount, 0) / total + discount * len(unigram) / total / vocab
+    for k in range(2, order + 1):
+        grams = counts(k)
+        h = tuple(context[len(context) - (k - 1) :])
+        c_h = sum(c for g, c in grams.items() if g[:-1] == h)
+        if c_h == 0:
+            continue
+        n1 = sum(1 for g in grams if g[:-1] == h)
+        p = max(grams[h + (token,)] - discount, 0) / c_h + discount * n1 / c_h * p
+    return p
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_kneser_ney_matches_brute_force_and_sums_to_one(order):
+    g = torch.Generator().manual_seed(10 + order)
+    train = torch.randint(0, 6, (80,), generator=g).tolist()
+    lm = NGramLM(train, order, 6, smoothing="kneser_ney")
+    for ctx in ([0, 1, 2], [5, 5, 5], [3, 1, 4], [2, 2, 0]):
+        ctx = ctx[3 - (order - 1) :]
+        probs = lm.prob(torch.tensor([ctx] * 6).reshape(6, order - 1), torch.arange(6))
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-9)
+        for w in range(6):
+            assert probs[w].item() == pytest.approx(brute_force_kneser_ney(train, order, 6, 0.75, ctx, w), abs=1e-12)
+
+
+def test_kneser_ney_gives_less_to_tokens_seen_after_one_context():
+    # "b" is frequent but only ever follows "a"; "c" is rarer but follows many tokens. After an
+    # unseen context, Kneser-Ney's continuation counts favour "c"; absolute discounting favours "b".
+    a, b, c, d, e = range(5)
+    train = [a, b] * 20 + [d, c, e, c, a, c, d, e] * 2
+    ctx, tokens = torch.tensor([[e], [e]]), torch.tensor([b, c])  # e is never followed by b
+    abs_b, abs_c = NGramLM(train, 2, 5).prob(ctx, tokens).tolist()
+    kn_b, kn_c = NGramLM(train, 2, 5, smoothing="kneser_ney").prob(ctx, tokens).tolist()
+    assert abs_b > kn_b and kn_c > abs_c
+
+
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_matches_brute_force_and_sums_to_one(order):
     g = torch.Generator().manual_seed(order)
@@ -60,6 +108,8 @@ def test_bad_arguments():
         NGramLM([1, 3], 2, 3)
     with pytest.raises(ValueError, match="must fit in int64"):
         NGramLM([1, 2], 5, 50257)
+    with pytest.raises(ValueError, match="smoothing must be one of"):
+        NGramLM([1, 2], 2, 3, smoothing="witten_bell")
     with pytest.raises(ValueError, match="train_ids must be a 1-D sequence"):
         NGramLM(torch.zeros(2, 2, dtype=torch.long), 2, 3)
     with pytest.raises(ValueError, match="ids must hold more than order - 1 = 2 tokens"):
