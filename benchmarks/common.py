@@ -24,10 +24,10 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def compare(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
-            warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, measured interleaved so that load on a shared
-    machine hits all of them alike."""
+def rounds(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+           warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds of each call of each function over ``repeats`` rounds, measured interleaved (one call
+    of every function per round) so that load on a shared machine hits all of them alike."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -35,7 +35,13 @@ def compare(fns: dict[str, Callable[[], object]], device: torch.device, repeats:
     for _ in range(repeats):
         for name, fn in fns.items():
             times[name].append(timed(fn, device))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def compare(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+            warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function over interleaved :func:`rounds`."""
+    return {name: statistics.median(t) for name, t in rounds(fns, device, repeats, warmup).items()}
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:

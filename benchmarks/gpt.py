@@ -12,7 +12,9 @@ Three ratios, each against a reference measured in the same run, on the same wei
 2. Greedy generation tokens/s, ``companion.generation.generate`` with its KV cache vs HF
    ``generate`` (``do_sample=False``), same weights, same tokens checked (target >= 1.0x).
 3. Greedy generation with the KV cache vs without (each step re-runs the whole sequence), 256 new
-   tokens (target >= 5x), on the same width-128 model. A fourth row repeats it at width 256, for
+   tokens (target >= 5x, on the median of 5 interleaved rounds; the rounds' lowest and highest
+   ratios are printed beside it, and "borderline" means the median meets the target but a round
+   does not), on the same width-128 model. A fourth row repeats it at width 256, for
    information: the cache saves arithmetic, and a width-128 step has little; a last line times the
    same cached step written as bare ``torch.nn.functional`` calls (no modules, no checks, the same
    tokens), which separates the package's Python overhead from the kernels' (see Appendix B).
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
-from common import compare, table
+from common import compare, rounds, table
 
 from companion.config import ModelConfig
 from companion.generation import generate
@@ -111,15 +114,22 @@ def bench_cache(device: torch.device, quick: bool, d_model: int = CACHE_D_MODEL)
     prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
     same = torch.equal(generate(model, prompt, new, temperature=0),
                        generate(model, prompt, new, temperature=0, use_cache=False))
-    res = compare({"cache": lambda: generate(model, prompt, new, temperature=0),
-                   "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
-                  device, repeats=3, warmup=0)
+    times = rounds({"cache": lambda: generate(model, prompt, new, temperature=0),
+                    "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
+                   device, repeats=5, warmup=0)
+    res = {name: statistics.median(t) for name, t in times.items()}
     ratio = res["none"] / res["cache"]
-    target = d_model == CACHE_D_MODEL
+    per_round = [none / cache for cache, none in zip(times["cache"], times["none"])]  # the ratio's spread
+    target = d_model == CACHE_D_MODEL and not quick  # the target is for 256 new tokens, not the smoke test's 64
+    if not same:
+        status = "NO"
+    elif not target:
+        status = "-"
+    else:  # borderline: the median meets the target and some round does not
+        status = "BELOW" if ratio < 5 else "borderline" if min(per_round) < 5 else "ok"
     return [f"greedy tokens/s, KV cache vs none, d_model={d_model} ({new} new, same tokens: "
             f"{'yes' if same else 'NO'})", f"{new / res['cache']:,.0f}", f"{new / res['none']:,.0f}",
-            f"{ratio:.1f}x", ">= 5x" if target else "(info)",
-            ("ok" if ratio >= 5 and same else "BELOW") if target else ("-" if same else "NO")]
+            f"{ratio:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})", ">= 5x" if target else "(info)", status]
 
 
 def bare_step_ms(device: torch.device, d_model: int = 128, new: int = 256) -> tuple[float, float]:
@@ -172,6 +182,30 @@ def bare_step_ms(device: torch.device, d_model: int = 128, new: int = 256) -> tu
     return 1e3 * res["ours"] / new, 1e3 * res["bare"] / new
 
 
+def per_thread_ms(device: torch.device, new: int = 256) -> dict[int, tuple[float, float]]:
+    """Milliseconds per greedy step with and without the KV cache, at one thread and at the default count.
+
+    A cached step runs operations too small to be split across threads, so its time should not
+    depend on the thread count; an uncached step runs matrix products over the whole prefix, which
+    PyTorch spreads over the threads. Measured on the width-128 model of the KV target.
+    """
+    config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0, d_model=CACHE_D_MODEL)
+    torch.manual_seed(0)
+    model = GPT(config).to(device).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+    default, out = torch.get_num_threads(), {}
+    try:
+        for threads in sorted({1, default}):
+            torch.set_num_threads(threads)
+            res = compare({"cache": lambda: generate(model, prompt, new, temperature=0),
+                           "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
+                          device, repeats=3, warmup=1)
+            out[threads] = (1e3 * res["cache"] / new, 1e3 * res["none"] / new)
+    finally:
+        torch.set_num_threads(default)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
@@ -190,7 +224,11 @@ def main() -> int:
     print(f"\nA cached greedy step at d_model=128: ours {ours_ms:.2f} ms, the same step as bare functional calls "
           f"(no modules, no checks) {bare_ms:.2f} ms ({bare_ms / ours_ms:.0%} of ours): at this width a step is "
           "mostly per-operation dispatch.")
-    return 0 if all(r[-1] == "ok" for r in rows) else 1
+    if device.type == "cpu":
+        for threads, (cached, uncached) in per_thread_ms(device).items():
+            print(f"With {threads} thread{'s' if threads > 1 else ''}: a cached step {cached:.2f} ms, an uncached one "
+                  f"{uncached:.2f} ms (KV cache vs none {uncached / cached:.1f}x).")
+    return 0 if all(r[-1] in ("ok", "borderline", "-") for r in rows) else 1  # "-": for information, no target
 
 
 if __name__ == "__main__":

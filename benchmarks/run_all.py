@@ -2,7 +2,7 @@
 """Run every benchmark and store its tables in ``benchmarks/results/`` (``make bench``).
 
     python benchmarks/run_all.py                 # the full runs (several minutes on 2 cores)
-    python benchmarks/run_all.py --quick         # smaller shapes, a smoke test
+    python benchmarks/run_all.py --quick         # smaller shapes, a smoke test (tables to a temporary folder)
     python benchmarks/run_all.py --only gpt      # one benchmark
 
 Each result file is the benchmark's own Markdown output under a header that records the machine
@@ -19,6 +19,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -89,7 +90,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke test")
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)")
     args = parser.parse_args()
-    out = HERE / "results"
+    # --quick is a smoke test: its tables go to a temporary folder, never over the committed results
+    out = Path(tempfile.mkdtemp(prefix="bench-quick-")) if args.quick else HERE / "results"
     out.mkdir(exist_ok=True)
     missed: list[str] = []
     for name in args.only or sorted(BENCHMARKS):

@@ -159,7 +159,7 @@ class Stack(nn.Module):
         past = cache.seq_len() if cache is not None else 0
         seq = x.shape[1]
         x = self.positions.add(x, positions, start=past)  # default positions: past, past + 1, …
-        if positions is None:
+        if positions is None and self.positions.rotary is not None:  # one tensor for every layer's RoPE
             positions = torch.arange(past, past + seq, device=x.device)
         if self.embedding_norm is not None:  # BERT normalises the summed embeddings
             x = self.embedding_norm(x)

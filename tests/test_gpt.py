@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from companion.attention import causal_mask
 from companion.config import POSITIONS, ModelConfig
-from companion.models.gpt import GPT
+from companion.models.gpt import GPT, CausalClassifier
 from companion.positional import alibi_bias
 from companion.utils import count_parameters
 
@@ -258,3 +258,31 @@ def test_bad_inputs_raise():
     model(torch.tensor([[0, 1]]), cache=cache)
     with pytest.raises(ValueError, match="holds max_len=3 tokens"):
         model(torch.tensor([[0, 1]]), cache=cache)
+
+
+def test_causal_classifier_reads_one_position_and_ignores_later_tokens():
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=16)).eval()
+    ids = torch.randint(0, 50, (3, 10))
+    last, first = CausalClassifier(gpt, 4), CausalClassifier(gpt, 4, position=0)
+    with torch.no_grad():
+        logits = last(ids)
+        assert logits.shape == (3, 4)
+        torch.testing.assert_close(logits, last.head(gpt.hidden_states(ids)[:, -1]))
+        changed = ids.clone()
+        changed[:, 1:] = (changed[:, 1:] + 1) % 50  # every token after the first
+        torch.testing.assert_close(first(changed), first(ids))  # position 0 sees only itself
+        assert (last(changed) - logits).abs().max() > 1e-3  # the last position sees them all
+
+
+def test_causal_classifier_bad_arguments_raise():
+    gpt = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=16))
+    with pytest.raises(TypeError, match="gpt must be a companion GPT"):
+        CausalClassifier(torch.nn.Linear(2, 2), 3)
+    with pytest.raises(ValueError, match="n_classes must be an int >= 2"):
+        CausalClassifier(gpt, 1)
+    with pytest.raises(ValueError, match="position must be an int"):
+        CausalClassifier(gpt, 3, position=1.5)
+    with pytest.raises(ValueError, match="position 12 is outside sequences of length 10"):
+        CausalClassifier(gpt, 3, position=12)(torch.zeros(2, 10, dtype=torch.long))
+

@@ -9,12 +9,10 @@ import torch
 from companion.ngram import NGramLM, ngram_cross_entropy
 
 
-def brute_force_prob(train, order, vocab, discount, context, token):
-    """The same smoothing written with Counters, one probability at a time."""
-    n = len(train)
-    p = (train.count(token) + 1) / (n + vocab)
+def interpolate(counts, order, discount, context, token, p):
+    """Interpolate the levels 2..order of ``counts(k)`` (k-gram -> count) on top of the level-1 probability ``p``."""
     for k in range(2, order + 1):
-        grams = Counter(tuple(train[i : i + k]) for i in range(n - k + 1))
+        grams = counts(k)
         h = tuple(context[len(context) - (k - 1) :])
         c_h = sum(c for g, c in grams.items() if g[:-1] == h)
         if c_h == 0:
@@ -22,6 +20,17 @@ def brute_force_prob(train, order, vocab, discount, context, token):
         n1 = sum(1 for g in grams if g[:-1] == h)
         p = max(grams[h + (token,)] - discount, 0) / c_h + discount * n1 / c_h * p
     return p
+
+
+def brute_force_prob(train, order, vocab, discount, context, token):
+    """The same smoothing written with Counters, one probability at a time."""
+    n = len(train)
+    p = (train.count(token) + 1) / (n + vocab)
+
+    def counts(k):  # every level counts occurrences
+        return Counter(tuple(train[i : i + k]) for i in range(n - k + 1))
+
+    return interpolate(counts, order, discount, context, token, p)
 
 
 def brute_force_kneser_ney(train, order, vocab, discount, context, token):
@@ -37,15 +46,7 @@ def brute_force_kneser_ney(train, order, vocab, discount, context, token):
     unigram = counts(1)
     total = sum(unigram.values())
     p = max(unigram[(token,)] - discount, 0) / total + discount * len(unigram) / total / vocab
-    for k in range(2, order + 1):
-        grams = counts(k)
-        h = tuple(context[len(context) - (k - 1) :])
-        c_h = sum(c for g, c in grams.items() if g[:-1] == h)
-        if c_h == 0:
-            continue
-        n1 = sum(1 for g in grams if g[:-1] == h)
-        p = max(grams[h + (token,)] - discount, 0) / c_h + discount * n1 / c_h * p
-    return p
+    return interpolate(counts, order, discount, context, token, p)
 
 
 @pytest.mark.parametrize("order", [2, 3, 4])

@@ -34,7 +34,7 @@ from companion.blocks import Stack
 from companion.config import ModelConfig
 from companion.initialization import init_weights
 
-__all__ = ["GPT", "check_ids"]
+__all__ = ["GPT", "CausalClassifier", "check_ids"]
 
 
 def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
@@ -150,3 +150,35 @@ class GPT(nn.Module):
         from companion.models._hf import gpt_from_hf
 
         return gpt_from_hf(cls, hf_model)
+
+
+class CausalClassifier(nn.Module):
+    """A classifier on top of a (pre-trained) :class:`GPT`: a linear layer on one position's hidden state.
+
+    GPT-1 fine-tunes by feeding the final block's state at the *last* token, the only position that
+    has seen the whole input, to a linear layer (Radford et al., 2018, §3.2). ``position`` picks
+    the token (``-1``, the last, by default; ``0`` sees only the first token, a control).
+
+    Args:
+        gpt: the decoder (fine-tuned with the head unless frozen by the caller).
+        n_classes: output classes.
+        position: index of the token whose state is classified, as in Python indexing.
+    """
+
+    def __init__(self, gpt: GPT, n_classes: int, position: int = -1) -> None:
+        super().__init__()
+        if not isinstance(gpt, GPT):
+            raise TypeError(f"gpt must be a companion GPT, got {type(gpt).__name__}")
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
+            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise ValueError(f"position must be an int (a token index, -1 for the last), got {position!r}")
+        self.gpt, self.position = gpt, position
+        self.head = nn.Linear(gpt.config.d_model, n_classes)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Class logits ``(batch, n_classes)`` for token ids ``(batch, seq)`` (right padding: pass the index
+        of the last real token as ``position``, or left-pad)."""
+        if not -ids.shape[-1] <= self.position < ids.shape[-1]:
+            raise ValueError(f"position {self.position} is outside sequences of length {ids.shape[-1]}")
+        return self.head(self.gpt.hidden_states(ids, attention_mask=attention_mask)[:, self.position])
