@@ -23,7 +23,7 @@ import argparse
 import sys
 
 import torch
-from common import compare, table
+from common import TARGET_MISSED, compare, table
 from torch import nn
 
 from companion.attention import MultiHeadAttention, padding_mask
@@ -33,7 +33,7 @@ from companion.utils import get_device, seed_everything
 # ----------------------------------------------------------------------------- 1. vs torch
 
 
-def bench_vs_torch(device: torch.device, quick: bool) -> None:
+def bench_vs_torch(device: torch.device, quick: bool) -> bool:
     batch, seq, d, heads = (4, 64, 128, 4) if quick else (8, 128, 256, 8)
     repeats = 10 if quick else 30
     ref = nn.MultiheadAttention(d, heads, batch_first=True).to(device)
@@ -72,6 +72,7 @@ def bench_vs_torch(device: torch.device, quick: bool) -> None:
         ["case", "ours (ms)", "torch (ms)", "ratio", "target"],
         rows,
     )
+    return all(r[-1] == "ok" for r in rows)
 
 
 # ----------------------------------------------------------------------------- 2. explicit vs fused
@@ -136,11 +137,12 @@ def main() -> int:
     seed_everything(0)
     device = get_device(args.device)
     print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}")
+    met = True
     if args.only in (None, "torch"):
-        bench_vs_torch(device, args.quick)
+        met = bench_vs_torch(device, args.quick)
     if args.only in (None, "paths"):
         bench_explicit_vs_fused(device, args.quick)
-    return 0
+    return 0 if met else TARGET_MISSED
 
 
 if __name__ == "__main__":

@@ -13,11 +13,16 @@ Three ratios, each against a reference measured in the same run, on the same wei
    ``generate`` (``do_sample=False``), same weights, same tokens checked (target >= 1.0x).
 3. Greedy generation with the KV cache vs without (each step re-runs the whole sequence), 256 new
    tokens (target >= 5x, on the median of 5 interleaved rounds; the rounds' lowest and highest
-   ratios are printed beside it, and "borderline" means the median meets the target but a round
-   does not), on the same width-128 model. A fourth row repeats it at width 256, for
-   information: the cache saves arithmetic, and a width-128 step has little; a last line times the
-   same cached step written as bare ``torch.nn.functional`` calls (no modules, no checks, the same
-   tokens), which separates the package's Python overhead from the kernels' (see Appendix B).
+   ratios are printed beside it, and "borderline" means the median meets the target by less than
+   20%, about what separate runs moved it, or a round misses it), on the same width-128 model. A
+   fourth row repeats it at width 256, for information: the cache saves arithmetic, and a width-128
+   step has little. A line after the table times the same cached step written as bare
+   ``torch.nn.functional`` calls (no modules, no checks, the same tokens), which separates the
+   package's Python overhead from the kernels' (see Appendix B); the last lines time the cached and
+   uncached steps at one thread and at the default count.
+
+Exit status: 0, or 3 (``common.TARGET_MISSED``) when a target is missed (a result: ``run_all``
+records the table); anything else is a failure.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import compare, rounds, table
+from common import TARGET_MISSED, compare, rounds, table
 
 from companion.config import ModelConfig
 from companion.generation import generate
@@ -37,6 +42,9 @@ from companion.models.gpt import GPT
 from companion.utils import get_device, seed_everything
 
 CACHE_D_MODEL = 128  # the KV cache target's model: "small" (4 layers, 4 heads), as in the other rows
+# The KV ratio moved by about ±10% between separate runs on one machine (Appendix B): a median
+# within 20% of the target is reported as "borderline", not "ok".
+BORDERLINE = 1.2
 
 
 def hf_gpt2(config: ModelConfig, device: torch.device):
@@ -125,8 +133,8 @@ def bench_cache(device: torch.device, quick: bool, d_model: int = CACHE_D_MODEL)
         status = "NO"
     elif not target:
         status = "-"
-    else:  # borderline: the median meets the target and some round does not
-        status = "BELOW" if ratio < 5 else "borderline" if min(per_round) < 5 else "ok"
+    else:  # borderline: the median meets the target by less than separate runs have moved it, or a round misses
+        status = "BELOW" if ratio < 5 else "borderline" if ratio < 5 * BORDERLINE or min(per_round) < 5 else "ok"
     return [f"greedy tokens/s, KV cache vs none, d_model={d_model} ({new} new, same tokens: "
             f"{'yes' if same else 'NO'})", f"{new / res['cache']:,.0f}", f"{new / res['none']:,.0f}",
             f"{ratio:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})", ">= 5x" if target else "(info)", status]
@@ -228,7 +236,7 @@ def main() -> int:
         for threads, (cached, uncached) in per_thread_ms(device).items():
             print(f"With {threads} thread{'s' if threads > 1 else ''}: a cached step {cached:.2f} ms, an uncached one "
                   f"{uncached:.2f} ms (KV cache vs none {uncached / cached:.1f}x).")
-    return 0 if all(r[-1] in ("ok", "borderline", "-") for r in rows) else 1  # "-": for information, no target
+    return 0 if all(r[-1] in ("ok", "borderline", "-") for r in rows) else TARGET_MISSED  # "-": no target
 
 
 if __name__ == "__main__":
