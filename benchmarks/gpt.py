@@ -31,6 +31,7 @@ import argparse
 import logging
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,17 +115,21 @@ def bench_generation_vs_hf(device: torch.device, quick: bool) -> list[str]:
             "ok" if ratio >= 1.0 and same else "BELOW"]
 
 
-def bench_cache(device: torch.device, quick: bool, d_model: int = CACHE_D_MODEL) -> list[str]:
+def cache_runs(device: torch.device, d_model: int, new: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """Greedy decoding of ``new`` tokens with the KV cache and without, on a seeded "small" GPT of width ``d_model``."""
     config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0, d_model=d_model)
-    new = 64 if quick else 256
     torch.manual_seed(0)
     model = GPT(config).to(device).eval()
     prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
-    same = torch.equal(generate(model, prompt, new, temperature=0),
-                       generate(model, prompt, new, temperature=0, use_cache=False))
-    times = rounds({"cache": lambda: generate(model, prompt, new, temperature=0),
-                    "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
-                   device, repeats=5, warmup=0)
+    return {"cache": lambda: generate(model, prompt, new, temperature=0),
+            "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)}
+
+
+def bench_cache(device: torch.device, quick: bool, d_model: int = CACHE_D_MODEL) -> list[str]:
+    new = 64 if quick else 256
+    runs = cache_runs(device, d_model, new)
+    same = torch.equal(runs["cache"](), runs["none"]())
+    times = rounds(runs, device, repeats=5, warmup=0)
     res = {name: statistics.median(t) for name, t in times.items()}
     ratio = res["none"] / res["cache"]
     per_round = [none / cache for cache, none in zip(times["cache"], times["none"])]  # the ratio's spread
@@ -197,17 +202,12 @@ def per_thread_ms(device: torch.device, new: int = 256) -> dict[int, tuple[float
     depend on the thread count; an uncached step runs matrix products over the whole prefix, which
     PyTorch spreads over the threads. Measured on the width-128 model of the KV target.
     """
-    config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0, d_model=CACHE_D_MODEL)
-    torch.manual_seed(0)
-    model = GPT(config).to(device).eval()
-    prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+    runs = cache_runs(device, CACHE_D_MODEL, new)
     default, out = torch.get_num_threads(), {}
     try:
         for threads in sorted({1, default}):
             torch.set_num_threads(threads)
-            res = compare({"cache": lambda: generate(model, prompt, new, temperature=0),
-                           "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)},
-                          device, repeats=3, warmup=1)
+            res = compare(runs, device, repeats=3, warmup=1)
             out[threads] = (1e3 * res["cache"] / new, 1e3 * res["none"] / new)
     finally:
         torch.set_num_threads(default)

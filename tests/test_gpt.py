@@ -285,4 +285,3 @@ def test_causal_classifier_bad_arguments_raise():
         CausalClassifier(gpt, 3, position=1.5)
     with pytest.raises(ValueError, match="position 12 is outside sequences of length 10"):
         CausalClassifier(gpt, 3, position=12)(torch.zeros(2, 10, dtype=torch.long))
-

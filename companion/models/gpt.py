@@ -177,8 +177,7 @@ class CausalClassifier(nn.Module):
         self.head = nn.Linear(gpt.config.d_model, n_classes)
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Class logits ``(batch, n_classes)`` for token ids ``(batch, seq)`` (right padding: pass the index
-        of the last real token as ``position``, or left-pad)."""
+        """Class logits ``(batch, n_classes)`` for ids ``(batch, seq)``; ``attention_mask`` as :meth:`GPT.forward`."""
         if not -ids.shape[-1] <= self.position < ids.shape[-1]:
             raise ValueError(f"position {self.position} is outside sequences of length {ids.shape[-1]}")
         return self.head(self.gpt.hidden_states(ids, attention_mask=attention_mask)[:, self.position])
