@@ -64,9 +64,11 @@ def load_average() -> str:
     return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
 
 
-def header(name: str, command: list[str], load_start: str, load_end: str) -> str:
+def header(name: str, command: list[str], load_start: str, load_end: str, quick: bool = False) -> str:
+    written = (f"{name}.md: a smoke test by `benchmarks/run_all.py --quick` (smaller shapes), not the committed results"
+               if quick else f"benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py)")
     return "\n".join([
-        f"<!-- benchmarks/results/{name}.md: written by `make bench` (benchmarks/run_all.py) -->",
+        f"<!-- {written} -->",
         f"- **machine**: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}"
         f"; PyTorch's CPU kernels: {torch.backends.cpu.get_cpu_capability()}",
         f"- **software**: Python {platform.python_version()}, {versions()}",
@@ -105,7 +107,7 @@ def main() -> int:
             sys.stderr.write(run.stdout + run.stderr)
             print(f"{name} failed (exit {run.returncode}); {out / (name + '.md')} left as it was", file=sys.stderr)
             return run.returncode
-        top = header(name, command, load_start, load_average())
+        top = header(name, command, load_start, load_average(), args.quick)
         (out / f"{name}.md").write_text(top + "\n" + as_markdown(run.stdout) + "\n")
         print(f"  -> {out / (name + '.md')}")
         if run.returncode == TARGET_MISSED:  # a ratio missed its target: a result, recorded

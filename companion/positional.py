@@ -168,7 +168,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     def _grow(self, needed: int) -> None:
         if needed > self.pe.shape[0]:  # grow the table: a formula has no length limit
             rows = max(needed, 2 * self.pe.shape[0])
-            self.pe = sinusoidal_encoding(rows, self.d_model, self.base, device=self.pe.device)
+            with torch.inference_mode(False):  # an ordinary buffer even when grown while decoding
+                self.pe = sinusoidal_encoding(rows, self.d_model, self.base, device=self.pe.device)
 
 
 class LearnedPositionalEmbedding(nn.Module):

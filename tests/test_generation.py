@@ -199,3 +199,22 @@ def test_seq2seq_bad_arguments():
         greedy_decode(m, src, 9, 2)
     with pytest.raises(TypeError, match="model must be a companion Transformer"):
         greedy_decode(_gpt(), src, 1, 2)
+
+
+# ------------------------------------------------------------------ inference mode
+
+
+def test_decoders_return_ordinary_tensors_that_training_can_use():
+    """The decoders run in ``torch.inference_mode``; nothing made there may leak into training."""
+    model = _gpt()
+    out = generate(model, torch.randint(0, 50, (2, 4)), 5, temperature=0)
+    assert not out.is_inference()
+    model(out[:, :-1]).logsumexp(-1).mean().backward()  # ids feed the embedding, which saves them for backward
+
+    m = _seq2seq(max_len=4)  # sinusoidal positions: decoding 12 tokens grows the table while in inference mode
+    src = torch.randint(3, 8, (2, 3), generator=torch.Generator().manual_seed(0))
+    greedy = greedy_decode(m, src, 1, None, max_len=12)
+    beams = beam_search(m, src, 1, None, beam_size=2, max_len=12)
+    assert not greedy.is_inference() and not beams.is_inference()
+    assert not any(b.is_inference() for b in m.buffers())
+    teacher_forcing_loss(m, (src, greedy)).backward()
