@@ -128,12 +128,17 @@ def bench_generation_vs_hf(device: torch.device, quick: bool) -> list[str]:
             "NO" if not same else "ok" if ratio >= 1.0 else "BELOW"]
 
 
-def cache_runs(device: torch.device, shape: dict[str, int], new: int) -> dict[str, Callable[[], torch.Tensor]]:
-    """Greedy decoding of ``new`` tokens with the KV cache and without, on a seeded "small" GPT of ``shape``."""
+def cache_model(device: torch.device, shape: dict[str, int]) -> GPT:
+    """The seeded "small" GPT of ``shape`` (vocabulary 2048, room for 512 positions) that the KV rows decode with."""
     config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0, **shape)
     torch.manual_seed(0)
-    model = GPT(config).to(device).eval()
-    prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+    return GPT(config).to(device).eval()
+
+
+def cache_runs(device: torch.device, shape: dict[str, int], new: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """Greedy decoding of ``new`` tokens with the KV cache and without, on :func:`cache_model`'s GPT of ``shape``."""
+    model = cache_model(device, shape)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
     return {"cache": lambda: generate(model, prompt, new, temperature=0),
             "none": lambda: generate(model, prompt, new, temperature=0, use_cache=False)}
 
@@ -161,7 +166,7 @@ def bench_cache(device: torch.device, quick: bool, shape: dict[str, int] = CACHE
             f"{ratio:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})", ">= 5x" if target else "(info)", status]
 
 
-def bare_step_ms(device: torch.device, d_model: int = 128, new: int = 256) -> tuple[float, float]:
+def bare_step_ms(device: torch.device, shape: dict[str, int] = CACHE_INFO, new: int = 256) -> tuple[float, float]:
     """Milliseconds per cached greedy step: our ``generate`` vs the same step as bare functional calls.
 
     The bare step has no modules, no checks and no position helper: embedding, then per block
@@ -170,10 +175,10 @@ def bare_step_ms(device: torch.device, d_model: int = 128, new: int = 256) -> tu
     head and ``argmax``. It is a floor for this sequence of eager PyTorch operations, and the difference to ours is
     the cost of Python around the same kernels.
     """
-    config = ModelConfig.preset("small", vocab_size=2048, max_len=512, dropout=0.0, d_model=d_model)
-    torch.manual_seed(0)
-    model = GPT(config).to(device).eval()
-    heads, head_dim, n_layers = config.n_heads, d_model // config.n_heads, config.n_layers
+    model = cache_model(device, shape)
+    config = model.config
+    d_model, heads, n_layers = config.d_model, config.n_heads, config.n_layers
+    head_dim = d_model // heads
     keys = torch.zeros(n_layers, 1, heads, new + 1, head_dim, device=device)
     values = torch.zeros_like(keys)
     emb, pos = model.tok_emb.weight, model.stack.positions.table.weight

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion._validation import check_int
 from companion.attention import KVCache
 from companion.blocks import Stack
 from companion.config import ModelConfig
@@ -169,8 +170,7 @@ class CausalClassifier(nn.Module):
         super().__init__()
         if not isinstance(gpt, GPT):
             raise TypeError(f"gpt must be a companion GPT, got {type(gpt).__name__}")
-        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
+        check_int("n_classes", n_classes, 2)
         if isinstance(position, bool) or not isinstance(position, int):
             raise ValueError(f"position must be an int (a token index, -1 for the last), got {position!r}")
         self.gpt, self.position = gpt, position
