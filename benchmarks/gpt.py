@@ -236,6 +236,51 @@ def per_thread_ms(device: torch.device, shape: dict[str, int], new: int = 256
     return out
 
 
+def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
+    """Print the GPT-2 small tables (:mod:`gpt2_small`); return their target rows (status last)."""
+    from gpt2_small import GPU_SHAPES, QUICK_SHAPES, bench_decoding, bench_training, model_config
+
+    from companion.flops import flops_per_token, peak_flops
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    batch, seq = QUICK_SHAPES["train"] if quick else GPU_SHAPES["train"]
+    config = model_config(device, quick, vocab_size=50304)
+    n_params = sum(p.numel() for p in GPT(config).parameters())
+    peak = peak_flops(device)
+    rows, seconds, profile_rows, top = bench_training(device, quick)
+    what = "a 2-layer, 128-wide stand-in (--quick)" if quick else "GPT-2 small"
+    table(f"Training {what}, {n_params / 1e6:.1f}M parameters, vocabulary {config.vocab_size}, {batch} x {seq} tokens "
+          f"a step, bf16 autocast, on {name}. FLOPs per token 6N + 12·L·T·d = "
+          f"{flops_per_token(n_params, config.n_layers, seq, config.d_model) / 1e6:,.0f} M; MFU against "
+          + (f"{peak / 1e12:,.0f} TFLOP/s (dense bf16 peak)" if peak else "no known peak (MFU needs a known GPU)"),
+          ["variant", "ms/step", "tokens/s", "MFU", "peak memory", "first step (compiles)"], rows)
+    eager = seconds["HF: eager, fused AdamW"] / seconds["ours: eager, fused AdamW"]
+    ours = [r for r in rows if r[0].startswith("ours:") and not r[1].startswith("failed")]
+    best = min(ours, key=lambda r: float(r[1]))
+    targets = [["training: ours eager vs HF eager (fused AdamW both)", f"{eager:.2f}x", ">= 1.5x",
+                "-" if quick else "ok" if eager >= 1.5 else "BELOW"],
+               [f"training: MFU of ours ({best[0][6:]})", best[3], ">= 45%",
+                "-" if quick or not peak else "ok" if float(best[3].rstrip("%")) >= 45 else "BELOW"]]
+    if profile_rows:
+        table("Where a compiled training step of ours spends its GPU time (torch.profiler, 3 steps)",
+              ["kernels", "ms per step", "share of the step"], profile_rows)
+        print("\nThe eight kernels that take the most time:\n" + top)
+    prompt_len, new, prefix = QUICK_SHAPES["decode"] if quick else GPU_SHAPES["decode"]
+    decoding = bench_decoding(device, quick)
+    table(f"Greedy decoding of {what}, fp32, batch 1, {prompt_len}-token prompt, {new} new tokens, same weights in "
+          f"both libraries, on {name}",
+          ["decoder", "tokens/s", "vs HF generate", "same tokens as HF", "first call (compiles)"], decoding)
+    fast, step = decoding[2], decoding[-1]
+    fast_ratio = float(fast[2].rstrip("x")) if fast[2].endswith("x") else 0.0
+    step_ratio = float(step[2].rstrip("x"))
+    targets += [[f"decoding: CompiledGenerator vs HF generate (same tokens: {fast[3]})", fast[2], ">= 3x",
+                 "NO" if fast[3] != "yes" else "-" if quick else "ok" if fast_ratio >= 3 else "BELOW"],
+                [f"decoding: cached vs uncached step at a {prefix}-token prefix", step[2], ">= 5x",
+                 "-" if quick else "ok" if step_ratio >= 5 else "BELOW"]]
+    table(f"GPT-2 small targets ({name})", ["measure", "value", "target", "status"], targets)
+    return targets
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
@@ -263,6 +308,8 @@ def main() -> int:
                       f"{'s' if threads > 1 else ''}: a cached step "
                       f"{cached:.2f} ms, an uncached one {uncached:.2f} ms "
                       f"(KV cache vs none {uncached / cached:.1f}x).")
+    if device.type == "cuda" or args.quick:
+        rows += gpt2_small_tables(device, args.quick)
     if any(r[-1] == "NO" for r in rows):
         print("\nThe two sides of a comparison chose different tokens: a bug, not a result.", file=sys.stderr)
         return 1

@@ -9,9 +9,21 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
-__all__ = ["check_int", "check_choice", "check_dropout", "check_positive_float", "check_features"]
+__all__ = ["check_int", "check_choice", "check_dropout", "check_positive_float", "check_features", "tracing"]
+
+
+def tracing() -> bool:
+    """True while ``torch.compile`` traces the code.
+
+    A check that reads a tensor's *values* (``int(ids.max())``) copies them to the host: a sync
+    with the device, and under ``torch.compile`` a graph break. Such checks run at the public entry
+    points in eager mode and are skipped while tracing (shape and type checks cost nothing and
+    always run), so a compiled forward pass is one graph.
+    """
+    return torch.compiler.is_compiling()
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:

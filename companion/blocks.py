@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from companion.attention import KVCache, MultiHeadAttention
+from companion.attention import KVCache, MultiHeadAttention, StaticKVCache
 from companion.config import ModelConfig
 from companion.feedforward import make_ffn
 from companion.normalization import make_norm
@@ -149,14 +149,20 @@ class Stack(nn.Module):
         self.norm = _norm(config) if config.resolved_final_norm else None
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: KVCache | None = None, memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cross_cache: KVCache | None = None, need_weights: bool = False) -> Tensor:
+                cache: KVCache | StaticKVCache | None = None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, cross_cache: KVCache | None = None,
+                need_weights: bool = False) -> Tensor:
         """Embedded tokens ``x`` ``(batch, seq, d_model)`` -> hidden states, same shape.
 
         ``positions`` ``(seq,)`` or ``(batch, seq)`` default to ``past + arange(seq)``; the other
         arguments are passed to every :class:`Block`.
         """
-        past = cache.seq_len() if cache is not None else 0
+        if isinstance(cache, StaticKVCache) and (positions is None or positions.dim() != 1):
+            raise ValueError("a StaticKVCache needs positions of shape (seq,): where the new tokens go")
+        if isinstance(cache, StaticKVCache) and self.positions.kind in ("alibi", "t5"):
+            raise ValueError(f"a StaticKVCache does not support position={self.positions.kind!r} (its score bias "
+                             "is built for the filled length); use a KVCache")
+        past = cache.seq_len() if isinstance(cache, KVCache) else 0
         seq = x.shape[1]
         x = self.positions.add(x, positions, start=past)  # default positions: past, past + 1, …
         if positions is None and self.positions.rotary is not None:  # one tensor for every layer's RoPE

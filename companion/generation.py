@@ -73,7 +73,7 @@ def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None =
 
 
 class _EvalMode:
-    """Put a model in eval mode and inference mode for the duration, then restore its mode.
+    """Put a model in eval mode and inference mode (``inference=False``: no_grad) for the duration.
 
     ``torch.inference_mode`` is ``no_grad`` without autograd's version counters and view
     tracking: about 10% off a small model's decoding step, where per-operation overhead is most
@@ -81,9 +81,9 @@ class _EvalMode:
     the decoders return a clone of their output (an ordinary tensor).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, inference: bool = True) -> None:
         self.model, self.was_training = model, model.training
-        self.inference = torch.inference_mode()
+        self.inference = torch.inference_mode() if inference else torch.no_grad()
 
     def __enter__(self) -> None:
         self.model.eval()

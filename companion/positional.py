@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from companion._validation import check_features, check_int, check_positive_float
+from companion._validation import check_features, check_int, check_positive_float, tracing
 
 __all__ = [
     "sinusoidal_encoding",
@@ -82,7 +82,7 @@ def _default_positions(positions: Tensor | None, batch: int, seq: int, device: t
     if tuple(positions.shape) not in ((seq,), (batch, seq)):
         raise ValueError(f"positions must have shape (seq,)=({seq},) or (batch, seq)=({batch}, {seq}), "
                          f"got {tuple(positions.shape)}")
-    if positions.numel() and positions.min() < 0:
+    if positions.numel() and not tracing() and positions.min() < 0:
         raise ValueError(f"positions must be >= 0, got a minimum of {positions.min().item()}")
     return positions.to(device)
 
@@ -162,7 +162,8 @@ class SinusoidalPositionalEncoding(nn.Module):
             self._grow(end)
             return x + self.pe[start:end].to(device=x.device, dtype=x.dtype)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
-        self._grow(int(positions.max()) + 1 if positions.numel() else 0)
+        if not tracing():  # a compiled model's positions must fit the table it has
+            self._grow(int(positions.max()) + 1 if positions.numel() else 0)
         return x + self.pe[positions].to(device=x.device, dtype=x.dtype)
 
     def _grow(self, needed: int) -> None:
@@ -215,7 +216,7 @@ class LearnedPositionalEmbedding(nn.Module):
             self._check_last(end - 1)
             return x + self.weight[start:end].to(x.dtype)
         positions = _default_positions(positions, x.shape[0], x.shape[1], x.device)
-        if positions.numel():
+        if positions.numel() and not tracing():
             self._check_last(int(positions.max()))
         return x + self.weight[positions].to(x.dtype)
 

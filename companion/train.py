@@ -6,13 +6,17 @@
     python -m companion.train --preset tiny --steps 400 --batch-size 32 --seed 0 --out runs/tiny --resume
     torchrun --standalone --nproc_per_node=2 -m companion.train --preset tiny --steps 200 \\
         --batch-size 32 --seed 0 --out runs/tiny-ddp
+    python -m companion.train --preset small --steps 2000 --batch-size 64 --context 256 --device cuda \\
+        --precision bf16 --compile --out runs/small-gpu
 
 The model is a character-level :class:`~companion.models.gpt.GPT` built from
 ``ModelConfig.preset(--preset)``; the corpus is the training split of the plays
 (:mod:`companion.data`). Rank 0 writes ``OUT/checkpoint.pt`` (model, optimizer, step, every random
 state: :mod:`companion.training.checkpoint`) and ``OUT/history.json`` (losses per step).
 ``--resume`` continues from the checkpoint up to ``--steps`` in total, bit for bit as if the run
-had never stopped.
+had never stopped. Every ``--log-every`` steps rank 0 prints the loss, the learning rate, tokens/s
+and, on a GPU whose peak :mod:`companion.flops` knows, the model FLOPs utilisation (MFU);
+``--compile`` compiles the model with ``torch.compile``.
 
 **Several processes** (PyTorch's own engine, Li et al., 2020): launched by ``torchrun``, each
 process joins a process group (``gloo`` on CPU, ``nccl`` on CUDA, one GPU per process), wraps the
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -38,11 +43,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from companion.config import PRESETS, ModelConfig
 from companion.data import CharVocab, shakespeare_text
+from companion.flops import flops_per_token, mfu, peak_flops
 from companion.models.gpt import GPT
 from companion.training import PRECISIONS, adamw, evaluate, load_checkpoint, save_checkpoint, train
 from companion.training.losses import cross_entropy_loss
 from companion.training.schedules import noam
-from companion.utils import seed_everything
+from companion.utils import progress_write, seed_everything
 
 __all__ = ["parse_args", "run", "main"]
 
@@ -61,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="folder for checkpoint.pt and history.json")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile (the first steps wait for the compiler)")
+    parser.add_argument("--log-every", type=int, default=50,
+                        help="print a line every N steps: loss, learning rate, tokens/s and, on a known GPU, MFU")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard weights, gradients and optimizer state over the processes (FSDP2 fully_shard) "
                              "instead of replicating them (DDP)")
@@ -110,9 +120,38 @@ def _load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stat
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
+class StepLog:
+    """The periodic log line of rank 0: step, loss, learning rate, tokens/s, MFU on a known GPU, elapsed, ETA.
+
+    Tokens/s counts every process's tokens (the global batch) over the wall time since the last
+    line, so the first line includes compilation and warm-up. MFU: :mod:`companion.flops`.
+    """
+
+    def __init__(self, gpt: GPT, args: argparse.Namespace, device: torch.device, start_step: int) -> None:
+        c = gpt.config
+        self.every, self.steps, self.tokens = args.log_every, args.steps, args.batch_size * args.context
+        self.flops = flops_per_token(sum(p.numel() for p in gpt.parameters()), c.n_layers, args.context, c.d_model)
+        self.peak = peak_flops(device)
+        self.start = self.last = time.perf_counter()
+        self.start_step = self.last_step = start_step
+
+    def __call__(self, step: int, history) -> None:
+        done = step + 1
+        if done % self.every and done != self.steps:
+            return
+        now = time.perf_counter()
+        rate = (done - self.last_step) * self.tokens / (now - self.last)
+        elapsed = now - self.start
+        eta = elapsed / (done - self.start_step) * (self.steps - done)
+        util = f"  MFU {mfu(rate, self.flops, self.peak):.1%}" if self.peak else ""
+        progress_write(f"step {done}/{self.steps}  loss {history.train_loss[-1]:.4f}  lr {history.lr[-1]:.2e}  "
+                       f"{rate:,.0f} tokens/s{util}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s")
+        self.last, self.last_step = now, done
+
+
 def run(args: argparse.Namespace) -> dict:
     """Train as ``args`` say; return (on every rank) the run's summary: losses and world size."""
-    for name in ("steps", "batch_size", "context", "warmup"):
+    for name in ("steps", "batch_size", "context", "warmup", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     rank, world, device = _setup_distributed(args.device)
@@ -128,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
         vocab = CharVocab.from_text(shakespeare_text("all"))  # every character of the plays has an id
         ids = vocab.encode(text)
         config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=max(args.context, 1), dropout=0.0)
-        model = GPT(config).to(device)
+        model = gpt = GPT(config).to(device)
         optimizer = adamw(model, lr=args.lr)
         data = torch.Generator().manual_seed(args.seed)
         done, history = 0, {"train_loss": [], "eval_loss": []}
@@ -150,6 +189,8 @@ def run(args: argparse.Namespace) -> dict:
                 _load_sharded(model, optimizer, state)
         elif world > 1:
             model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if args.compile:  # in place, so that state_dict() keeps its keys; after DDP/FSDP wrapping
+            gpt.compile()
         share = args.batch_size // world
 
         def batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,9 +215,10 @@ def run(args: argparse.Namespace) -> dict:
             def schedule(step: int) -> float:
                 return rate(step + 1) / peak
 
+            log = StepLog(gpt, args, device, start_step=done) if rank == 0 else None
             result = train(model, batch, remaining, loss_fn=cross_entropy_loss, optimizer=optimizer,
                            lr_schedule=schedule, start_step=done, precision=args.precision, device=device,
-                           progress=rank == 0, desc=f"rank {rank}")
+                           progress=rank == 0, desc=f"rank {rank}", on_step=log)
             history["train_loss"] += result.train_loss
             history["eval_loss"].append([args.steps, evaluate(model, eval_batches, device=device)])
         summary = {"world_size": world, "steps": args.steps, **history}

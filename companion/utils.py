@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["seed_everything", "get_device", "count_parameters", "progress"]
+__all__ = ["seed_everything", "get_device", "count_parameters", "progress", "progress_write"]
 
 _DEVICE_ORDER = ("cuda", "mps", "cpu")
 
@@ -98,3 +98,10 @@ def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kwargs
     if not enabled:
         kwargs["disable"] = True
     return tqdm(iterable, **kwargs)
+
+
+def progress_write(line: str) -> None:
+    """Print ``line`` above any open :func:`progress` bar (``tqdm.write``), so that the bar is not torn."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line)

@@ -11,7 +11,8 @@ The whole package is one equation (Vaswani et al., 2017, eq. 1) and the plumbing
   ``(batch, heads, q_len, k_len)``: :func:`causal_mask`, :func:`padding_mask`,
   :func:`sliding_window_mask`, :func:`combine_masks`, :func:`mask_to_bias`.
 * :mod:`~companion.attention.kv_cache` — :class:`KVCache`, preallocated keys and values for
-  generation, and :func:`kv_cache_bytes`.
+  generation, :class:`StaticKVCache`, the same with fixed shapes for a compiled step, and
+  :func:`kv_cache_bytes`.
 * :mod:`~companion.attention.multi_head` — :class:`MultiHeadAttention`: projections, heads,
   grouped-query and multi-query attention, the cache, the rotary hook.
 
@@ -20,7 +21,7 @@ and of keys/values) and ``head_dim`` (the per-head width, d_k in the paper).
 """
 
 from companion.attention.functional import fused_attention, scaled_dot_product_attention
-from companion.attention.kv_cache import KVCache, kv_cache_bytes
+from companion.attention.kv_cache import KVCache, StaticKVCache, kv_cache_bytes
 from companion.attention.masks import causal_mask, combine_masks, mask_to_bias, padding_mask, sliding_window_mask
 from companion.attention.multi_head import MultiHeadAttention
 
@@ -34,5 +35,6 @@ __all__ = [
     "mask_to_bias",
     "MultiHeadAttention",
     "KVCache",
+    "StaticKVCache",
     "kv_cache_bytes",
 ]

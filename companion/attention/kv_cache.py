@@ -11,6 +11,11 @@ for keys and one for values, written in place, so a step allocates nothing and c
 old. Models make one with ``model.make_cache(batch_size)`` and pass it to every call; each
 attention layer appends to its own slot, and the model reads the number of cached tokens
 (:meth:`KVCache.seq_len`) to continue positions from there.
+
+:class:`StaticKVCache` is the same memory with shapes that never change, for a *compiled*
+decoding step: each step writes at positions given as a tensor and attends over every slot, with
+a mask that hides the slots after the query (what PyTorch's gpt-fast example and Hugging Face's
+``StaticCache`` do). One graph then serves every step, and on a GPU CUDA graphs can replay it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from torch import Tensor
 
 from companion.attention._checks import check_length, check_tensor
 
-__all__ = ["KVCache", "kv_cache_bytes"]
+__all__ = ["KVCache", "StaticKVCache", "kv_cache_bytes"]
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int, bytes_per_element: int = 2,
@@ -34,6 +39,23 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int,
         check_length(name, value)
     check_length("n_tokens", n_tokens, minimum=0)
     return 2 * n_layers * n_kv_heads * head_dim * n_tokens * bytes_per_element * batch_size
+
+
+def _check_sizes(n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype) -> None:
+    for name, value in (("n_layers", n_layers), ("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
+                        ("head_dim", head_dim), ("max_len", max_len)):
+        check_length(name, value)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+
+
+def _check_kv(k: Tensor, v: Tensor, batch: int, heads: int, head_dim: int) -> None:
+    check_tensor("k", k, 4)
+    check_tensor("v", v, 4)
+    if k.shape != v.shape or (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, head_dim):
+        raise ValueError(f"k and v must both have shape (batch={batch}, kv_heads={heads}, new, "
+                         f"head_dim={head_dim}), got {tuple(k.shape)} and {tuple(v.shape)}")
 
 
 class KVCache:
@@ -55,11 +77,7 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, max_len: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
-        for name, value in (("n_layers", n_layers), ("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
-                            ("head_dim", head_dim), ("max_len", max_len)):
-            check_length(name, value)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        _check_sizes(n_layers, batch_size, n_kv_heads, head_dim, max_len, dtype)
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -97,18 +115,11 @@ class KVCache:
         n = self.lengths[self._layer(layer)]
         return None if n == 0 else (self.keys[layer, :, :, :n], self.values[layer, :, :, :n])
 
-    def _check_kv(self, k: Tensor, v: Tensor) -> None:
-        check_tensor("k", k, 4)
-        check_tensor("v", v, 4)
-        _, batch, heads, _, head_dim = self.keys.shape
-        if k.shape != v.shape or (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, head_dim):
-            raise ValueError(f"k and v must both have shape (batch={batch}, kv_heads={heads}, new, "
-                             f"head_dim={head_dim}), got {tuple(k.shape)} and {tuple(v.shape)}")
-
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``k``, ``v`` ``(batch, kv_heads, new, head_dim)`` to ``layer``; return all stored keys and values."""
         start = self.lengths[self._layer(layer)]
-        self._check_kv(k, v)
+        _, batch, heads, _, head_dim = self.keys.shape
+        _check_kv(k, v, batch, heads, head_dim)
         new = k.shape[2]
         end = start + new
         if end > self.max_len:
@@ -140,3 +151,79 @@ class KVCache:
     def reset(self) -> None:
         """Empty every slot (start new sequences); the memory stays allocated."""
         self.lengths = [0] * len(self.lengths)
+
+
+class StaticKVCache:
+    """Keys and values in fixed-shape buffers, for a compiled decoding step.
+
+    :class:`KVCache` attends over its first :meth:`~KVCache.seq_len` slots, a Python int that grows
+    by one at every step: each step has new shapes, which a compiled step would be recompiled for,
+    and which CUDA graphs cannot replay. Here a step writes its keys and values *at* the positions
+    it is given (a LongTensor ``(new,)``, shared by the batch rows) and attention reads all
+    ``max_len`` slots through :meth:`visible`, a mask that hides every slot after the query's
+    position. Every shape is the same at every step, so one graph serves them all; the price is
+    attending over ``max_len`` slots rather than the filled ones, which is small while the model's
+    weights, read once per step, are most of the bytes a step moves.
+
+    Args:
+        n_layers, batch_size, n_kv_heads, head_dim, max_len, dtype, device: as :class:`KVCache`.
+
+    ``keys[layer]`` and ``values[layer]`` are ``(batch, kv_heads, max_len, head_dim)``, one tensor
+    per layer, marked as static addresses for ``torch.compile`` (a compiled step reads and writes
+    them in place). Slots after the current position may hold an earlier sequence's values; the
+    mask hides them, so a new sequence needs no reset.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, max_len: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        _check_sizes(n_layers, batch_size, n_kv_heads, head_dim, max_len, dtype)
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        for t in (*self.keys, *self.values):
+            torch._dynamo.mark_static_address(t)
+        self.slots = torch.arange(max_len, device=device)  # (max_len,): the key position of each slot
+
+    def __repr__(self) -> str:
+        batch, heads, max_len, head_dim = self.keys[0].shape
+        return (f"StaticKVCache(n_layers={len(self)}, batch_size={batch}, n_kv_heads={heads}, head_dim={head_dim}, "
+                f"max_len={max_len})")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens a slot can hold."""
+        return self.keys[0].shape[2]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes allocated for keys and values: :func:`kv_cache_bytes` of ``max_len`` tokens."""
+        return sum(t.nbytes for t in (*self.keys, *self.values))
+
+    def update(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k``, ``v`` ``(batch, kv_heads, new, head_dim)`` at ``positions`` ``(new,)``; return all slots.
+
+        The returned keys and values are ``(batch, kv_heads, max_len, head_dim)``: attend over them
+        with the mask :meth:`visible` of the same positions. Positions must lie in
+        ``[0, max_len)``; they are not checked here (that would read them on the host, a sync at
+        every step): :func:`companion.fast_generation.CompiledGenerator` checks the lengths once.
+        """
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.keys):
+            raise ValueError(f"layer must be an int in [0, {len(self.keys)}), got {layer!r}")
+        batch, heads, _, head_dim = self.keys[layer].shape
+        _check_kv(k, v, batch, heads, head_dim)
+        if not isinstance(positions, Tensor) or positions.shape != (k.shape[2],) or positions.is_floating_point():
+            got = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be an integer tensor of shape (new,)=({k.shape[2]},), got {got}")
+        self.keys[layer].index_copy_(2, positions, k)  # in place, at the same address every step
+        self.values[layer].index_copy_(2, positions, v)
+        return self.keys[layer], self.values[layer]
+
+    def visible(self, positions: Tensor) -> Tensor:
+        """Bool mask ``(new, max_len)``: query ``i`` (at ``positions[i]``) may attend to the slots ``0 … positions[i]``.
+
+        The causal mask of cached decoding, built from the positions' values instead of their count.
+        """
+        return self.slots <= positions[:, None]

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from companion.attention._checks import check_length, check_mask_and_bias, check_probability, check_scale, check_tensor
 from companion.attention.functional import _sdpa, scaled_dot_product_attention
-from companion.attention.kv_cache import KVCache
+from companion.attention.kv_cache import KVCache, StaticKVCache
 from companion.attention.masks import causal_mask, combine_masks
 
 __all__ = ["MultiHeadAttention"]
@@ -135,8 +135,10 @@ class MultiHeadAttention(nn.Module):
             if context.dim() != 3 or context.shape[-1] != self.d_model or context.shape[0] != x.shape[0]:
                 raise ValueError(f"context must have shape (batch={x.shape[0]}, k_len, d_model={self.d_model}), "
                                  f"got {tuple(context.shape)}")
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache)):
+            raise TypeError(f"cache must be a KVCache, a StaticKVCache or None, got {type(cache).__name__}")
+        if isinstance(cache, StaticKVCache) and context is not None:
+            raise TypeError("a StaticKVCache serves self-attention only; cache cross-attention with a KVCache")
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, bias: Tensor | None = None,
                 cache: KVCache | None = None, need_weights: bool = False, *, causal: bool = False,
@@ -152,7 +154,10 @@ class MultiHeadAttention(nn.Module):
             bias: additive float bias broadcastable to ``(batch, heads, q_len, k_len)``.
             cache: a :class:`KVCache`. In self-attention this layer appends its new keys and
                 values to slot ``layer_idx`` and attends over all of them; in cross-attention the
-                projected ``context`` is stored at the first call and reused afterwards.
+                projected ``context`` is stored at the first call and reused afterwards. Or a
+                :class:`StaticKVCache` (self-attention; ``positions`` ``(q_len,)`` required): the new
+                keys and values are written at ``positions`` and the query attends over every
+                slot up to its own position.
             need_weights: also return the per-head weights ``(batch, heads, q_len, k_len)``;
                 this takes the explicit path. Otherwise the fused kernel runs (same output to
                 ~1e-6 in fp32).
@@ -172,12 +177,20 @@ class MultiHeadAttention(nn.Module):
         if context is None:  # self-attention: one matmul for q, k and v
             q, k, v = self.in_proj(x).split([q_rows, kv_rows, kv_rows], dim=-1)
             q, k, v = self._split_heads(q, h), self._split_heads(k, hkv), self._split_heads(v, hkv)
-            if self.rotary is not None:
-                past = cache.seq_len(self.layer_idx) if cache is not None else 0
-                pos = self._positions(positions, batch, q_len, past, x.device)
-                q, k = self.rotary(q, pos), self.rotary(k, pos)
-            if cache is not None:
-                k, v = cache.update(self.layer_idx, k, v)
+            if isinstance(cache, StaticKVCache):  # fixed shapes: written at positions, masked by them
+                if positions is None:
+                    raise ValueError("a StaticKVCache needs positions: the new tokens' positions, (q_len,)")
+                if self.rotary is not None:
+                    q, k = self.rotary(q, positions), self.rotary(k, positions)
+                k, v = cache.update(self.layer_idx, k, v, positions)
+                mask, causal = combine_masks(mask, cache.visible(positions)), False
+            else:
+                if self.rotary is not None:
+                    past = cache.seq_len(self.layer_idx) if cache is not None else 0
+                    pos = self._positions(positions, batch, q_len, past, x.device)
+                    q, k = self.rotary(q, pos), self.rotary(k, pos)
+                if cache is not None:
+                    k, v = cache.update(self.layer_idx, k, v)
         else:  # cross-attention: queries from x, keys/values from context (computed once if cached)
             w_q, w_kv = self.in_proj.weight.split([q_rows, 2 * kv_rows])
             b_q, b_kv = (None, None) if self.in_proj.bias is None else self.in_proj.bias.split([q_rows, 2 * kv_rows])

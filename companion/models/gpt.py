@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion._validation import check_int
-from companion.attention import KVCache
+from companion._validation import check_int, tracing
+from companion.attention import KVCache, StaticKVCache
 from companion.blocks import Stack
 from companion.config import ModelConfig
 from companion.initialization import init_weights
@@ -39,11 +39,15 @@ __all__ = ["GPT", "CausalClassifier", "check_ids"]
 
 
 def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
-    """``ids`` if it is an integer tensor ``(batch, seq)`` of ids in ``[0, vocab_size)``."""
+    """``ids`` if it is an integer tensor ``(batch, seq)`` of ids in ``[0, vocab_size)``.
+
+    The range check reads the ids (a host sync): it is skipped under ``torch.compile``
+    (:func:`companion._validation.tracing`).
+    """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
         got = f"shape {tuple(ids.shape)}, dtype {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {got}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+    if ids.numel() and not tracing() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
     return ids
 
@@ -81,8 +85,11 @@ class GPT(nn.Module):
                       need_weights: bool = False) -> Tensor:
         """The last block's output after the final norm, ``(batch, seq, d_model)``: :meth:`forward` without the head."""
         check_ids("ids", ids, self.config.vocab_size)
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache)):
+            raise TypeError(f"cache must be a KVCache, a StaticKVCache or None, got {type(cache).__name__}")
+        if isinstance(cache, StaticKVCache) and attention_mask is not None:
+            raise ValueError("attention_mask (padding) is not supported with a StaticKVCache, whose positions are "
+                             "shared by the batch rows: use prompts of equal length, or a KVCache")
         if attention_mask is not None:
             expected = (ids.shape[0], (cache.seq_len() if cache is not None else 0) + ids.shape[1])
             if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != expected:
@@ -92,7 +99,7 @@ class GPT(nn.Module):
             mask = padding if mask is None else mask & padding
         return self._hidden(ids, mask, cache, positions, need_weights)
 
-    def _hidden(self, ids: Tensor, mask: Tensor | None, cache: KVCache | None, positions: Tensor | None,
+    def _hidden(self, ids: Tensor, mask: Tensor | None, cache: KVCache | StaticKVCache | None, positions: Tensor | None,
                 need_weights: bool) -> Tensor:
         # hidden_states without the input checks: generate() checks its inputs once, then calls this
         # at every step (a decoding step is short enough for the checks' reductions to show)
@@ -113,7 +120,9 @@ class GPT(nn.Module):
                 seq, past + seq)``, combined with the causal one — e.g.
                 :func:`companion.attention.sliding_window_mask` for local attention.
             cache: a :class:`~companion.attention.KVCache` from :meth:`make_cache`; the new
-                tokens' keys and values are appended and positions continue from its length.
+                tokens' keys and values are appended and positions continue from its length. A
+                :class:`~companion.attention.StaticKVCache` (``make_cache(..., static=True)``) needs
+                ``positions`` ``(seq,)``: the new tokens are written there.
             positions: absolute positions of the tokens, ``(seq,)`` or ``(batch, seq)``; default
                 ``past + arange(seq)``.
             need_weights: keep each block's attention weights (``block.self_weights``).
@@ -122,16 +131,18 @@ class GPT(nn.Module):
                                             positions=positions, need_weights=need_weights))
 
     def make_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                   device: torch.device | str | None = None) -> KVCache:
+                   device: torch.device | str | None = None, static: bool = False) -> KVCache | StaticKVCache:
         """An empty :class:`~companion.attention.KVCache` for this model.
 
         ``max_len`` (prompt + generated tokens) defaults to ``config.max_len``; dtype and device to
-        the model's.
+        the model's. ``static=True`` gives a :class:`~companion.attention.StaticKVCache`, whose
+        fixed shapes a compiled decoding step needs (pass ``positions`` with it).
         """
         weight = self.tok_emb.weight
         c = self.config
-        return KVCache(c.n_layers, batch_size, c.resolved_n_kv_heads, c.resolved_head_dim, max_len or c.max_len,
-                       dtype=dtype or weight.dtype, device=device or weight.device)
+        kind = StaticKVCache if static else KVCache
+        return kind(c.n_layers, batch_size, c.resolved_n_kv_heads, c.resolved_head_dim, max_len or c.max_len,
+                    dtype=dtype or weight.dtype, device=device or weight.device)
 
     def loss(self, ids: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """Mean next-token cross-entropy of ``self(ids)`` against ``targets`` ``(batch, seq)`` (nats)."""

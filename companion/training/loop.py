@@ -123,6 +123,7 @@ def train(
     start_step: int = 0,
     progress: bool = True,
     desc: str = "train",
+    on_step: Callable[[int, TrainHistory], None] | None = None,
 ) -> TrainHistory:
     """Train ``model`` for ``steps`` optimizer steps and return its :class:`TrainHistory`.
 
@@ -148,6 +149,8 @@ def train(
             gradient scaler; CUDA only).
         start_step: steps already done (resuming): offsets the schedule and the batch indices.
         progress: show a progress bar with the running loss.
+        on_step: called after every optimizer step with the 0-based step index and the history
+            so far (a log line, a checkpoint).
     """
     check_int("steps", steps, 1)
     check_int("accumulation_steps", accumulation_steps, 1)
@@ -210,4 +213,6 @@ def train(
             history.eval_loss.append(evaluate(model, eval_batches, eval_loss_fn or loss_fn, device))
         if done % 10 == 1 or last:
             bar.set_postfix(loss=f"{history.train_loss[-1]:.3f}")
+        if on_step is not None:
+            on_step(step, history)
     return history
