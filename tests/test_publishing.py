@@ -110,7 +110,7 @@ def test_appendix_b_renders_the_committed_benchmark_results():
     nb = json.loads((ROOT / "book" / "B_performance.ipynb").read_text(encoding="utf-8"))
     shown = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for c in nb["cells"]
                       if c["cell_type"] == "code" for o in c.get("outputs", []))
-    for name in ("attention", "bpe", "gpt"):
+    for name in ("attention", "bpe", "gpt", "gpt-cuda"):
         text = (ROOT / "benchmarks" / "results" / f"{name}.md").read_text(encoding="utf-8")
         body = "\n".join(line for line in text.splitlines() if not line.startswith("<!--"))
         assert "**machine**" in body

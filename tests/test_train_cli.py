@@ -75,3 +75,17 @@ def test_bad_arguments(tmp_path):
         run(parse_args([*COMMON, "--steps", "0", "--out", str(tmp_path)]))
     with pytest.raises(SystemExit):
         parse_args(["--steps", "1", "--out", str(tmp_path), "--precision", "fp64"])
+
+
+def test_the_log_line_and_a_compiled_model(tmp_path, capsys):
+    args = parse_args([*COMMON, "--steps", "4", "--out", str(tmp_path), "--log-every", "2"])
+    eager = run(args)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert all(" tokens/s" in line and "ETA" in line and "MFU" not in line for line in lines)  # no MFU on a CPU
+    compiled = run(parse_args([*COMMON, "--steps", "4", "--out", str(tmp_path / "c"), "--compile"]))
+    assert compiled["train_loss"] == pytest.approx(eager["train_loss"], abs=1e-4)
+    state = torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True)["model"]
+    assert not any(k.startswith("_orig_mod") for k in state)  # compiled in place: the same keys
+    with pytest.raises(ValueError, match="--log-every must be >= 1"):
+        run(parse_args([*COMMON, "--steps", "1", "--out", str(tmp_path), "--log-every", "0"]))
