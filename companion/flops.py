@@ -9,10 +9,15 @@ sum of ``T`` values, ``d = d_model``), three times that with the backward pass::
 
     FLOPs per token  ≈  6 N + 12 · L · T · d          (Chowdhery et al., 2022, App. B)
 
+The attention term is PaLM's convention: it credits every query with all ``T`` keys, although a
+causal model's queries see ``T / 2`` on average and a fused causal kernel skips the masked half
+(Kaplan et al. count the visible keys only, ``6 · L · T · d``). Compare MFUs computed the same way.
+
 **Model FLOPs utilisation** (MFU) divides the FLOPs this formula credits per second by the
-hardware's peak: the share of the chip the model's own arithmetic uses. Recomputation, padding and
-masked-out work are not credited, so MFU compares implementations fairly; 100% is unreachable,
-since memory traffic, kernel launches and the optimizer take time without adding model FLOPs.
+hardware's peak: the share of the chip the model's own arithmetic uses. Recomputed activations and
+the optimizer's work are not credited, so MFU compares implementations of one model fairly; 100%
+is unreachable, since memory traffic, kernel launches and the optimizer take time without adding
+model FLOPs.
 """
 
 from __future__ import annotations

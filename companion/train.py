@@ -120,18 +120,30 @@ def _load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stat
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
+def gpt_parameters(gpt: GPT) -> int:
+    """Parameters of the whole model, the ``N`` of ``6N``: counted on one process even under FSDP.
+
+    FSDP shards the parameters into DTensors whose ``numel()`` is the full size, so the count is
+    the model's wherever it is called.
+    """
+    return sum(p.numel() for p in gpt.parameters())
+
+
 class StepLog:
     """The periodic log line of rank 0: step, loss, learning rate, tokens/s, MFU on a known GPU, elapsed, ETA.
 
     Tokens/s counts every process's tokens (the global batch) over the wall time since the last
-    line, so the first line includes compilation and warm-up. MFU: :mod:`companion.flops`.
+    line, so the first line includes compilation and warm-up. MFU (:mod:`companion.flops`) is
+    against the peak of all ``world`` GPUs together: with W GPUs, W times one GPU's peak.
     """
 
-    def __init__(self, gpt: GPT, args: argparse.Namespace, device: torch.device, start_step: int) -> None:
+    def __init__(self, gpt: GPT, args: argparse.Namespace, device: torch.device, start_step: int,
+                 world: int = 1) -> None:
         c = gpt.config
         self.every, self.steps, self.tokens = args.log_every, args.steps, args.batch_size * args.context
-        self.flops = flops_per_token(sum(p.numel() for p in gpt.parameters()), c.n_layers, args.context, c.d_model)
-        self.peak = peak_flops(device)
+        self.flops = flops_per_token(gpt_parameters(gpt), c.n_layers, args.context, c.d_model)
+        peak = peak_flops(device)
+        self.peak = peak * world if peak else None
         self.start = self.last = time.perf_counter()
         self.start_step = self.last_step = start_step
 
@@ -215,7 +227,7 @@ def run(args: argparse.Namespace) -> dict:
             def schedule(step: int) -> float:
                 return rate(step + 1) / peak
 
-            log = StepLog(gpt, args, device, start_step=done) if rank == 0 else None
+            log = StepLog(gpt, args, device, start_step=done, world=world) if rank == 0 else None
             result = train(model, batch, remaining, loss_fn=cross_entropy_loss, optimizer=optimizer,
                            lr_schedule=schedule, start_step=done, precision=args.precision, device=device,
                            progress=rank == 0, desc=f"rank {rank}", on_step=log)

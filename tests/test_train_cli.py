@@ -89,3 +89,24 @@ def test_the_log_line_and_a_compiled_model(tmp_path, capsys):
     assert not any(k.startswith("_orig_mod") for k in state)  # compiled in place: the same keys
     with pytest.raises(ValueError, match="--log-every must be >= 1"):
         run(parse_args([*COMMON, "--steps", "1", "--out", str(tmp_path), "--log-every", "0"]))
+
+
+def test_the_log_lines_mfu_counts_every_gpu(monkeypatch, capsys):
+    import companion.train as cli
+    from companion.config import ModelConfig
+    from companion.flops import flops_per_token
+    from companion.models.gpt import GPT
+
+    monkeypatch.setattr(cli, "peak_flops", lambda device: 1e9)  # a (slow) GPU of 1 GFLOP/s
+    args = parse_args(["--steps", "2", "--batch-size", "8", "--context", "32", "--out", "x", "--log-every", "1"])
+    gpt = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=32))
+    lines = []
+    for world in (1, 2):
+        log = cli.StepLog(gpt, args, torch.device("cpu"), start_step=0, world=world)
+        log.last -= 1.0  # one second since the last line
+        log(0, type("History", (), {"train_loss": [1.0], "lr": [1e-3]})())
+        lines.append(capsys.readouterr().out)
+    per_token = flops_per_token(sum(p.numel() for p in gpt.parameters()), 2, 32, 64)
+    for world, line in zip((1, 2), lines):  # 256 tokens in about a second, over world x 1 GFLOP/s
+        shown = float(line.split("MFU ")[1].split("%")[0]) / 100
+        assert shown == pytest.approx(256 * per_token / (world * 1e9), rel=0.05), line

@@ -141,7 +141,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError("a StaticKVCache serves self-attention only; cache cross-attention with a KVCache")
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, bias: Tensor | None = None,
-                cache: KVCache | None = None, need_weights: bool = False, *, causal: bool = False,
+                cache: KVCache | StaticKVCache | None = None, need_weights: bool = False, *, causal: bool = False,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself (or to ``context``).
 
