@@ -82,7 +82,7 @@ def training_step(model: torch.nn.Module, hf: bool, device: torch.device, fused:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(x).logits if hf else model(x)
+        logits = model(x, use_cache=False).logits if hf else model(x)  # HF: no KV cache built in training
         return F.cross_entropy(logits.flatten(0, 1), y.flatten())
 
     # the loss inside the compiled function: the head's logits and the cross-entropy fuse
@@ -212,7 +212,7 @@ def bench_decoding(device: torch.device, quick: bool) -> list[list[str]]:
     # cached vs uncached at a long prefix: one compiled step after `prefix - 1` cached tokens,
     # against the whole `prefix`-token sequence re-run for the last position's logits
     long_ids = torch.randint(1, config.vocab_size, (1, prefix), device=device)
-    fast.generate(long_ids[:, : prefix - 8], 8, temperature=0)  # fills slots 0 .. prefix - 1
+    fast.generate(long_ids[:, : prefix - 8], 8, temperature=0)  # fills slots 0 .. prefix - 2
     tok, pos = long_ids[:, -1:], torch.tensor([prefix - 1], device=device)
 
     def cached() -> None:

@@ -34,6 +34,7 @@ PEAK_BF16_FLOPS: dict[str, float] = {
     "H100 PCIe": 756e12,
     "H100 NVL": 835e12,
     "H100": 989e12,  # SXM
+    "H200 NVL": 835e12,
     "H200": 989e12,
     "GH200": 989e12,
     "A100": 312e12,

@@ -200,6 +200,7 @@ def test_mfu_and_known_peaks(monkeypatch):
     assert mfu(400e3, 860e6, 989e12) == pytest.approx(400e3 * 860e6 / 989e12)
     assert peak_flops("cpu") is None
     for name, peak in [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
+                       ("NVIDIA H200 NVL", 835e12),
                        ("NVIDIA A100-SXM4-80GB", 312e12), ("Some Future GPU", None)]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert peak_flops("cuda") == peak, name
