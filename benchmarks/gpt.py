@@ -282,6 +282,10 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
                  "NO" if fast[3] != "yes" else "-" if quick else verdict(fast_ratio, 3)],
                 [f"decoding: cached vs uncached step at a {prefix}-token prefix", step[2], ">= 5x",
                  "-" if quick else verdict(step_ratio, 5)]]
+    static = next(r for r in decoding if r[0].startswith("HF generate (static"))
+    if static[2].endswith("x") and fast_ratio:  # like with like, for information
+        targets.append(["decoding: CompiledGenerator vs HF generate with its static cache",
+                        f"{fast_ratio / float(static[2].rstrip('x')):.2f}x", "(info)", "-"])
     table(f"GPT-2 small targets ({name})", ["measure", "value", "target", "status"], targets)
     return targets
 

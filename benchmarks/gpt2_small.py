@@ -179,10 +179,10 @@ def bench_decoding(device: torch.device, quick: bool) -> list[list[str]]:
     torch.manual_seed(0)
     prompt = torch.randint(1, config.vocab_size, (1, prompt_len), device=device)
 
-    def run_hf() -> torch.Tensor:
+    def run_hf(**options) -> torch.Tensor:
         with torch.no_grad():
             return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=new,
-                               min_new_tokens=new, pad_token_id=0)
+                               min_new_tokens=new, pad_token_id=0, **options)
 
     fast = CompiledGenerator(ours, 1, prefix)  # one compilation serves both measurements below
     graph = " + one recorded CUDA graph" if device.type == "cuda" else ""
@@ -190,6 +190,9 @@ def bench_decoding(device: torch.device, quick: bool) -> list[list[str]]:
             "ours: generate (eager, KVCache)": lambda: generate(ours, prompt, new, temperature=0),
             f"ours: CompiledGenerator (StaticKVCache, torch.compile{graph})": lambda: fast.generate(prompt, new,
                                                                                                   temperature=0)}
+    # like with like: Hugging Face's static cache, which its generate compiles by itself on a GPU
+    runs["HF generate (static cache; compiled by transformers on a GPU)"] = lambda: run_hf(
+        cache_implementation="static")
     if device.type == "cuda":  # PyTorch's own CUDA graphs ("CUDA graph trees") instead of ours
         trees = CompiledGenerator(ours, 1, prefix, mode="reduce-overhead")
         runs["ours: CompiledGenerator, torch.compile(mode='reduce-overhead')"] = lambda: trees.generate(
