@@ -11,7 +11,9 @@ sum of ``T`` values, ``d = d_model``), three times that with the backward pass::
 
 The attention term is PaLM's convention: it credits every query with all ``T`` keys, although a
 causal model's queries see ``T / 2`` on average and a fused causal kernel skips the masked half
-(Kaplan et al. count the visible keys only, ``6 · L · T · d``). Compare MFUs computed the same way.
+(Kaplan et al. count half as much, ``6 · L · T · d``). ``N`` counts every parameter, the position
+table's too, which takes no matrix product (nanoGPT leaves it out). Compare MFUs computed the same
+way.
 
 **Model FLOPs utilisation** (MFU) divides the FLOPs this formula credits per second by the
 hardware's peak: the share of the chip the model's own arithmetic uses. Recomputed activations and

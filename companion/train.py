@@ -134,7 +134,8 @@ class StepLog:
 
     Tokens/s counts every process's tokens (the global batch) over the wall time since the last
     line, so the first line includes compilation and warm-up. MFU (:mod:`companion.flops`) is
-    against the peak of all ``world`` GPUs together: with W GPUs, W times one GPU's peak.
+    against the dense bf16 peak of all ``world`` GPUs together (W times one GPU's), and shown for
+    16-bit runs only: an fp32 run cannot use that peak.
     """
 
     def __init__(self, gpt: GPT, args: argparse.Namespace, device: torch.device, start_step: int,
@@ -142,7 +143,7 @@ class StepLog:
         c = gpt.config
         self.every, self.steps, self.tokens = args.log_every, args.steps, args.batch_size * args.context
         self.flops = flops_per_token(gpt_parameters(gpt), c.n_layers, args.context, c.d_model)
-        peak = peak_flops(device)
+        peak = peak_flops(device) if args.precision != "fp32" else None  # the peaks are 16-bit ones
         self.peak = peak * world if peak else None
         self.start = self.last = time.perf_counter()
         self.start_step = self.last_step = start_step

@@ -98,7 +98,8 @@ def test_the_log_lines_mfu_counts_every_gpu(monkeypatch, capsys):
     from companion.models.gpt import GPT
 
     monkeypatch.setattr(cli, "peak_flops", lambda device: 1e9)  # a (slow) GPU of 1 GFLOP/s
-    args = parse_args(["--steps", "2", "--batch-size", "8", "--context", "32", "--out", "x", "--log-every", "1"])
+    args = parse_args(["--steps", "2", "--batch-size", "8", "--context", "32", "--out", "x", "--log-every", "1",
+                       "--precision", "bf16"])
     gpt = GPT(ModelConfig.preset("tiny", vocab_size=50, max_len=32))
     lines = []
     for world in (1, 2):
@@ -110,3 +111,5 @@ def test_the_log_lines_mfu_counts_every_gpu(monkeypatch, capsys):
     for world, line in zip((1, 2), lines):  # 256 tokens in about a second, over world x 1 GFLOP/s
         shown = float(line.split("MFU ")[1].split("%")[0]) / 100
         assert shown == pytest.approx(256 * per_token / (world * 1e9), rel=0.05), line
+    fp32 = cli.StepLog(gpt, parse_args(["--steps", "1", "--out", "x"]), torch.device("cpu"), start_step=0)
+    assert fp32.peak is None  # no MFU against a 16-bit peak for a float32 run
