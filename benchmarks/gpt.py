@@ -269,7 +269,8 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     if profile_rows:
         table("Where a compiled training step of ours spends its GPU time (torch.profiler, 3 steps)",
               ["kernels", "ms per step", "share of the step"], profile_rows)
-        print("\nThe eight kernels that take the most time:\n" + top)
+        print("\nThe eight kernels that take the most time, summed over their calls in a step:\n")
+        print("```\n" + top + "\n```")
     prompt_len, new, prefix = QUICK_SHAPES["decode"] if quick else GPU_SHAPES["decode"]
     decoding = bench_decoding(device, quick)
     table(f"Greedy decoding of {what}, fp32, batch 1, {prompt_len}-token prompt, {new} new tokens, same weights in "

@@ -7,7 +7,7 @@ shapes so that a CPU can smoke-test the code paths, with ``--quick``).
 parameters; the vocabulary padded to a multiple of 128), 16 rows of 1,024 tokens, bf16 autocast,
 AdamW; one step is forward, loss, backward and optimizer step. Each variant is built fresh and run
 alone (its peak memory is its own), each row adding one change to the one above, so the table
-says what each change bought; Hugging Face's ``GPT2LMHeadModel`` gets the same treatment. MFU
+says what each change bought; Hugging Face's ``GPT2LMHeadModel`` gets the same changes but CUDA graphs. MFU
 counts ``6 N + 12 · L · T · d`` FLOPs per token (:mod:`companion.flops`) against the GPU's dense
 bf16 peak. A profile of the fastest variant of ours splits a step's GPU time by kernel kind.
 
