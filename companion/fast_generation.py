@@ -103,8 +103,8 @@ class CompiledGenerator:
         """
         if not self._cuda_graph:
             return self._fn(ids, positions)
-        if self._graph is None:
-            self._capture()
+        if self._graph is None:  # recording runs the step at slot 0: a cache being used would lose it
+            raise RuntimeError("the CUDA graph is recorded by generate(); call it once before step()")
         self._ids.copy_(ids)
         self._positions.copy_(positions)
         self._graph.replay()
@@ -133,6 +133,8 @@ class CompiledGenerator:
         tokens = [ids]
         # no_grad rather than inference mode: the compiled step writes the cache, made outside it
         with _EvalMode(self.model, inference=False):
+            if self._cuda_graph and self._graph is None:
+                self._capture()  # before the prompt: recording writes slot 0, which the prompt then fills
             logits = self.model.head(self.model._hidden(ids, None, self.cache, positions[: ids.shape[1]], False))[:, -1]
             for t in range(ids.shape[1], total):
                 if temperature == 0:

@@ -123,7 +123,9 @@ def test_compiled_step_equals_the_eager_step_on_cpu():
     model = _gpt()
     prompt = torch.randint(0, 101, (2, 5))
     fast = CompiledGenerator(model, 2, 40)  # inductor's C++ backend on the CPU
-    assert torch.equal(fast.generate(prompt, 24, temperature=0), generate(model, prompt, 24, temperature=0))
+    out = fast.generate(prompt, 24, temperature=0)
+    assert torch.equal(out, generate(model, prompt, 24, temperature=0))
+    _assert_cache_holds(model, fast, out)
     eager = CompiledGenerator(model, 2, 40, compile=False)
     tok, pos = prompt[:, -1:], torch.tensor([4])
     with torch.no_grad():
@@ -141,6 +143,20 @@ def test_cuda_graph_decoding_equals_eager_decoding(mode):
     expected = generate(model, prompt, 30, temperature=0)
     for _ in range(3):  # recording, then replays
         assert torch.equal(fast.generate(prompt, 30, temperature=0), expected)
+        _assert_cache_holds(model, fast, expected)
+
+
+def _assert_cache_holds(model: GPT, fast: CompiledGenerator, tokens: torch.Tensor) -> None:
+    """The static cache holds the keys and values of every token but the last, as a KVCache would."""
+    reference = model.make_cache(tokens.shape[0], tokens.shape[1])
+    with torch.no_grad():
+        model(tokens[:, :-1], cache=reference)
+    n = tokens.shape[1] - 1
+    for layer in range(len(fast.cache)):
+        torch.testing.assert_close(fast.cache.keys[layer][:, :, :n], reference.keys[layer][:, :, :n], atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(fast.cache.values[layer][:, :, :n], reference.values[layer][:, :, :n],
+                                   atol=1e-4, rtol=1e-4)
 
 
 def test_static_cache_bad_input():
