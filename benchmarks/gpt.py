@@ -49,7 +49,7 @@ from common import TARGET_MISSED, compare, rounds, table
 from companion.config import ModelConfig
 from companion.generation import generate
 from companion.models.gpt import GPT
-from companion.utils import get_device, seed_everything
+from companion.utils import count_parameters, get_device, seed_everything
 
 # The KV cache target's model: the shapes of the attention-only decoder whose 4.6x the target was
 # set against (benchmarks/attention.py before the GPT existed), on the "small" preset (4 layers).
@@ -250,7 +250,7 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     batch, seq = QUICK_SHAPES["train"] if quick else GPU_SHAPES["train"]
     config = model_config(device, quick, vocab_size=50304)
-    n_params = sum(p.numel() for p in GPT(config).parameters())
+    n_params = count_parameters(GPT(config))
     peak = peak_flops(device)
     rows, seconds, profile_rows, top = bench_training(device, quick)
     what = "a 2-layer, 128-wide stand-in (--quick)" if quick else "GPT-2 small"

@@ -32,6 +32,7 @@ from companion.config import ModelConfig
 from companion.fast_generation import CompiledGenerator
 from companion.flops import flops_per_token, mfu, peak_flops
 from companion.generation import generate
+from companion.utils import count_parameters
 
 # (batch, seq) of a training step, and (prompt, new tokens, prefix of the cached-vs-uncached step)
 GPU_SHAPES = {"train": (16, 1024), "decode": (16, 256, 1024)}
@@ -155,7 +156,7 @@ def bench_training(device: torch.device, quick: bool) -> tuple[list[list[str]], 
                 rows.append([f"{library}: {name}", f"failed: {type(err).__name__}", "-", "-", "-", "-"])
                 continue
             memory = f"{torch.cuda.max_memory_allocated(device) / 1e9:.1f} GB" if device.type == "cuda" else "-"
-            n_params = sum(p.numel() for p in model.parameters())
+            n_params = count_parameters(model)
             tokens = batch * seq / seconds
             util = f"{mfu(tokens, flops_per_token(n_params, config.n_layers, seq, config.d_model), peak):.1%}" \
                 if peak else "-"

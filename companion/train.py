@@ -48,7 +48,7 @@ from companion.models.gpt import GPT
 from companion.training import PRECISIONS, adamw, evaluate, load_checkpoint, save_checkpoint, train
 from companion.training.losses import cross_entropy_loss
 from companion.training.schedules import noam
-from companion.utils import progress_write, seed_everything
+from companion.utils import count_parameters, progress_write, seed_everything
 
 __all__ = ["parse_args", "run", "main"]
 
@@ -120,15 +120,6 @@ def _load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stat
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
-def gpt_parameters(gpt: GPT) -> int:
-    """Parameters of the whole model, the ``N`` of ``6N``: counted on one process even under FSDP.
-
-    FSDP shards the parameters into DTensors whose ``numel()`` is the full size, so the count is
-    the model's wherever it is called.
-    """
-    return sum(p.numel() for p in gpt.parameters())
-
-
 class StepLog:
     """The periodic log line of rank 0: step, loss, learning rate, tokens/s, MFU on a known GPU, elapsed, ETA.
 
@@ -142,7 +133,7 @@ class StepLog:
                  world: int = 1) -> None:
         c = gpt.config
         self.every, self.steps, self.tokens = args.log_every, args.steps, args.batch_size * args.context
-        self.flops = flops_per_token(gpt_parameters(gpt), c.n_layers, args.context, c.d_model)
+        self.flops = flops_per_token(count_parameters(gpt), c.n_layers, args.context, c.d_model)
         peak = peak_flops(device) if args.precision != "fp32" else None  # the peaks are 16-bit ones
         self.peak = peak * world if peak else None
         self.start = self.last = time.perf_counter()
