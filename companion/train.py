@@ -11,194 +11,259 @@
 
 The model is a character-level :class:`~companion.models.gpt.GPT` built from
 ``ModelConfig.preset(--preset)``; the corpus is the training split of the plays
-(:mod:`companion.data`). Rank 0 writes ``OUT/checkpoint.pt`` (model, optimizer, step, every random
-state: :mod:`companion.training.checkpoint`) and ``OUT/history.json`` (losses per step).
-``--resume`` continues from the checkpoint up to ``--steps`` in total, bit for bit as if the run
-had never stopped. Every ``--log-every`` steps rank 0 prints the loss, the learning rate, tokens/s
-and, on a GPU whose peak :mod:`companion.flops` knows, the model FLOPs utilisation (MFU);
-``--compile`` compiles the model with ``torch.compile``.
+(:mod:`companion.data`).
+
+**A run survives a crash.** Every ``--save-every`` steps, and after the last, rank 0 writes
+``OUT/checkpoint-0000200.pt`` (model, optimizer, step, the random states of every process:
+:mod:`companion.training.checkpoint`) atomically, and keeps the newest ``--keep``. SIGTERM or
+Ctrl-C (SIGINT) lets the step finish, saves, and exits with status 128 + the signal's number,
+saying how to resume; the same signal twice stops at once. ``--resume`` continues from the newest
+checkpoint that reads (a file cut short is reported and skipped) up to ``--steps`` in total, and
+ends with the weights an uninterrupted run would have, bit for bit, even after ``kill -9``: the
+batch of step ``s`` is drawn from a generator seeded with ``(--seed, s)``, so the data order needs
+no state, and the learning rate is a function of the step. A resume that would change the model,
+the data or the optimizer (another ``--preset``, ``--context``, ``--batch-size``, ``--lr``, …) is
+refused, naming the setting and both values; ``--allow-change`` accepts the legitimate ones.
+
+**The log.** Every ``--log-every`` steps rank 0 prints the loss, the learning rate, tokens/s,
+elapsed time, an estimate of the time left and, on a GPU whose peak :mod:`companion.flops` knows,
+the model FLOPs utilisation (MFU); every ``--eval-every`` steps the validation loss.
+``OUT/log.jsonl`` holds the same as JSON lines, written as the run goes (one line per step and per
+evaluation), and ``OUT/history.json`` the losses at the end. ``--compile`` compiles the model
+with ``torch.compile``.
 
 **Several processes** (PyTorch's own engine, Li et al., 2020): launched by ``torchrun``, each
 process joins a process group (``gloo`` on CPU, ``nccl`` on CUDA, one GPU per process), wraps the
 model in ``DistributedDataParallel`` — which averages the gradients of all processes during the
 backward pass — and takes ``B / W`` rows of every global batch of ``--batch-size B`` rows. Every
-process draws the same global batch from the same seeded generator, so W processes compute the
-gradient of the same B rows as one process does, and end with the same weights (to rounding). On
-several machines, run the same command on each with ``--nnodes=N --node_rank=i
---rdzv_endpoint=HOST:PORT`` instead of ``--standalone``.
+process draws the same global batch, so W processes compute the gradient of the same B rows as one
+process does, and end with the same weights (to rounding). On several machines, run the same
+command on each with ``--nnodes=N --node_rank=i --rdzv_endpoint=HOST:PORT`` instead of
+``--standalone``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
+import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from companion.config import PRESETS, ModelConfig
+from companion.config import ModelConfig
 from companion.data import CharVocab, shakespeare_text
-from companion.flops import flops_per_token, mfu, peak_flops
 from companion.models.gpt import GPT
-from companion.training import PRECISIONS, adamw, evaluate, load_checkpoint, save_checkpoint, train
+from companion.training import PRECISIONS, adamw, evaluate, train
+from companion.training.checkpoint import (
+    checkpoint_path,
+    list_checkpoints,
+    prune_checkpoints,
+    read_latest_checkpoint,
+    restore_checkpoint,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+)
+from companion.training.distributed import any_process, every_process, full_states, load_full_states, setup
+from companion.training.interruption import StopOnSignal, Stopped
 from companion.training.losses import cross_entropy_loss
+from companion.training.run_log import JsonLog, StepLog
 from companion.training.schedules import noam
-from companion.utils import count_parameters, progress_write, seed_everything
+from companion.utils import count_parameters, progress_write
 
-__all__ = ["parse_args", "run", "main"]
+__all__ = ["GPT_PRESETS", "parse_args", "run", "main"]
+
+GPT_PRESETS = ("tiny", "small", "llama-tiny", "gpt2-small")
+# Stored in every checkpoint and compared on --resume: what the weights, the data and the optimizer depend on.
+RUN_SETTINGS = ("preset", "context", "batch_size", "lr", "warmup", "seed", "precision")
+# Those a resumed run may change with --allow-change (the rest fix the weights' shapes or the data's identity).
+CHANGEABLE = ("lr", "warmup", "batch_size", "precision")
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _at_least(0)(text)
+    if value >= 2**31:
+        raise argparse.ArgumentTypeError(f"must be below 2**31, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    try:
+        kind = torch.device(text).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage block (``--help`` has it)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line of ``python -m companion.train``."""
-    parser = argparse.ArgumentParser(prog="python -m companion.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (ModelConfig.preset)")
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps in total")
-    parser.add_argument("--batch-size", type=int, default=32, help="global batch: rows per step, all processes")
-    parser.add_argument("--context", type=int, default=64, help="characters per row")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (after --warmup steps)")
-    parser.add_argument("--warmup", type=int, default=20, help="warm-up steps, then 1/sqrt(step) decay")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation and the data order")
+    """The command line of ``python -m companion.train``; a bad value exits with status 2 and one line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _Parser(prog="python -m companion.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="tiny", choices=GPT_PRESETS, help="model size (ModelConfig.preset)")
+    parser.add_argument("--steps", type=_at_least(1), required=True, help="optimizer steps in total")
+    parser.add_argument("--batch-size", type=_at_least(1), default=32,
+                        help="global batch: rows per step, all processes")
+    parser.add_argument("--context", type=_at_least(1), default=64, help="characters per row")
+    parser.add_argument("--lr", type=_positive_float, default=3e-3, help="peak learning rate (after --warmup steps)")
+    parser.add_argument("--warmup", type=_at_least(1), default=20, help="warm-up steps, then 1/sqrt(step) decay")
+    parser.add_argument("--seed", type=_seed, default=0, help="seeds the model's initialisation and the data order")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="bf16: autocast on CPU or CUDA")
-    parser.add_argument("--out", type=Path, required=True, help="folder for checkpoint.pt and history.json")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the checkpoints and the logs")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT")
+    parser.add_argument("--allow-change", action="append", default=[], choices=CHANGEABLE, metavar="SETTING",
+                        help=f"with --resume, accept a new value of this setting ({', '.join(CHANGEABLE)}; "
+                             "repeatable): the run goes on, but is no longer the run an uninterrupted one would be")
+    parser.add_argument("--save-every", type=_at_least(1), default=100,
+                        help="write a checkpoint every N steps (and after the last)")
+    parser.add_argument("--keep", type=_at_least(1), default=3, help="keep the newest K checkpoints")
+    parser.add_argument("--eval-every", type=_at_least(1), default=100,
+                        help="compute the validation loss every N steps (and after the last)")
+    parser.add_argument("--log-every", type=_at_least(1), default=50,
+                        help="print a line every N steps: loss, learning rate, tokens/s and, on a known GPU, MFU")
+    parser.add_argument("--device", type=_device, default=None, help="cpu, cuda or mps (default: cuda if available)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile (the first steps wait for the compiler)")
-    parser.add_argument("--log-every", type=int, default=50,
-                        help="print a line every N steps: loss, learning rate, tokens/s and, on a known GPU, MFU")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard weights, gradients and optimizer state over the processes (FSDP2 fully_shard) "
                              "instead of replicating them (DDP)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return args
 
 
-def _setup_distributed(device_arg: str | None) -> tuple[int, int, torch.device]:
-    """(rank, world size, device); joins the process group when launched by torchrun."""
-    use_cuda = torch.cuda.is_available() if device_arg is None else device_arg.startswith("cuda")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, torch.device("cuda" if use_cuda else "cpu")
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    return dist.get_rank(), dist.get_world_size(), device
+def _check_resumable(state: dict, path: Path, args: argparse.Namespace, vocab: str, sharded: bool) -> None:
+    """Refuse a resume that would silently change the run stored in ``state``."""
+    stored = state["extra"]
+    if "settings" not in stored:
+        raise ValueError(f"--resume: {path} was not written by python -m companion.train")
+    if args.steps < state["step"]:
+        raise ValueError(f"--steps {args.steps} is below the {state['step']} steps {path.name} has done "
+                         "(--steps is the total; give at least that many)")
+    for name in RUN_SETTINGS:
+        then, now = stored["settings"][name], getattr(args, name)
+        if then != now and name not in args.allow_change:
+            flag = "--" + name.replace("_", "-")
+            hint = f", or pass --allow-change {name}" if name in CHANGEABLE else ""
+            raise ValueError(f"--resume: {path.name} was trained with {flag} {then}, this command gives {flag} {now}; "
+                             f"give {flag} {then}{hint}")
+    if stored["vocab"] != vocab:
+        raise ValueError(f"--resume: {path.name} was trained on another character set than the corpus installed here")
+    if stored["fsdp"] != sharded:
+        how = "with --fsdp on several processes" if stored["fsdp"] else "without --fsdp (or on one process)"
+        raise ValueError(f"--resume: {path.name} was written by a {'sharded' if stored['fsdp'] else 'replicated'} "
+                         f"run: resume it {how}")
 
 
-def _full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sharded: bool) -> tuple[dict, dict]:
-    """Whole (unsharded) state dicts of the model and optimizer; with FSDP every process must call it."""
-    if not sharded:
-        return getattr(model, "module", model).state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
-
-
-def _load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a checkpoint written by an FSDP run into the sharded model and optimizer."""
-    if not state["extra"].get("fsdp"):
-        raise ValueError("--fsdp --resume needs a checkpoint written by an --fsdp run")
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state["model"], options=options)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
-
-
-class StepLog:
-    """The periodic log line of rank 0: step, loss, learning rate, tokens/s, MFU on a known GPU, elapsed, ETA.
-
-    Tokens/s counts every process's tokens (the global batch) over the wall time since the last
-    line, so the first line includes compilation and warm-up. MFU (:mod:`companion.flops`) is
-    against the dense bf16 peak of all ``world`` GPUs together (W times one GPU's), and shown for
-    16-bit runs only: an fp32 run cannot use that peak.
-    """
-
-    def __init__(self, gpt: GPT, args: argparse.Namespace, device: torch.device, start_step: int,
-                 world: int = 1) -> None:
-        c = gpt.config
-        self.every, self.steps, self.tokens = args.log_every, args.steps, args.batch_size * args.context
-        self.flops = flops_per_token(count_parameters(gpt), c.n_layers, args.context, c.d_model)
-        peak = peak_flops(device) if args.precision != "fp32" else None  # the peaks are 16-bit ones
-        self.peak = peak * world if peak else None
-        self.start = self.last = time.perf_counter()
-        self.start_step = self.last_step = start_step
-
-    def __call__(self, step: int, history) -> None:
-        done = step + 1
-        if done % self.every and done != self.steps:
-            return
-        now = time.perf_counter()
-        rate = (done - self.last_step) * self.tokens / (now - self.last)
-        elapsed = now - self.start
-        eta = elapsed / (done - self.start_step) * (self.steps - done)
-        util = f"  MFU {mfu(rate, self.flops, self.peak):.1%}" if self.peak else ""
-        progress_write(f"step {done}/{self.steps}  loss {history.train_loss[-1]:.4f}  lr {history.lr[-1]:.2e}  "
-                       f"{rate:,.0f} tokens/s{util}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s")
-        self.last, self.last_step = now, done
+def _resume_hint(args: argparse.Namespace, world: int) -> str:
+    argv = args.argv + ([] if "--resume" in args.argv else ["--resume"])
+    command = "python -m companion.train " + shlex.join(argv)
+    return command if world == 1 else f"the same torchrun command with --resume ({shlex.join(argv)})"
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Train as ``args`` say; return (on every rank) the run's summary: losses and world size."""
-    for name in ("steps", "batch_size", "context", "warmup", "log_every"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    rank, world, device = _setup_distributed(args.device)
+    """Train as ``args`` say; return (on every rank) the run's summary: losses, world size, and
+    ``stopped_by``, the signal's name if one stopped the run before ``--steps`` (else ``None``)."""
+    rank, world, device = setup(args.device)
     try:
+        if args.precision == "fp16" and device.type != "cuda":
+            raise ValueError(f"--precision fp16 needs a CUDA device (fp16 training needs a gradient scaler), "
+                             f"this run is on {device.type}: use --precision bf16 or fp32")
         if args.batch_size % world:
             raise ValueError(f"--batch-size {args.batch_size} must be divisible by the number of processes {world} "
                              "(each process takes an equal share of every batch)")
-        checkpoint = args.out / "checkpoint.pt"
-        if args.resume and not checkpoint.is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint}")
-        seed_everything(args.seed)
-        text = shakespeare_text("train")
+        sharded = args.fsdp and world > 1
+        state = None
+        if args.resume:
+            state, path, skipped = read_latest_checkpoint(args.out)
+            if rank == 0:
+                for reason in skipped:
+                    progress_write(f"skipping an unreadable checkpoint: {reason}")
+                progress_write(f"resuming from {path} (step {state['step']})")
+        elif list_checkpoints(args.out):
+            newest = list_checkpoints(args.out)[-1][1]
+            raise ValueError(f"--out {args.out} already holds a run ({newest.name}): pass --resume to continue it, "
+                             "or choose another --out")
+        torch.manual_seed(args.seed)  # the model's initialisation
         vocab = CharVocab.from_text(shakespeare_text("all"))  # every character of the plays has an id
-        ids = vocab.encode(text)
-        config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=max(args.context, 1), dropout=0.0)
+        chars = "".join(vocab.itos)
+        if state is not None:
+            _check_resumable(state, path, args, chars, sharded)
+        ids = vocab.encode(shakespeare_text("train"))
+        config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=args.context, dropout=0.0)
         model = gpt = GPT(config).to(device)
         optimizer = adamw(model, lr=args.lr)
-        data = torch.Generator().manual_seed(args.seed)
         done, history = 0, {"train_loss": [], "eval_loss": []}
-        if args.resume:
-            sharded = args.fsdp and world > 1  # sharded states are loaded after fully_shard, below
-            state = load_checkpoint(checkpoint, model=None if sharded else model,
-                                    optimizer=None if sharded else optimizer, generators={"data": data})
-            if state["extra"].get("fsdp") and not sharded:
-                raise ValueError(f"{checkpoint} was written by an --fsdp run: resume it with --fsdp")
+        if state is not None:
             done, history = state["step"], state["extra"]["history"]
-        if world > 1 and args.fsdp:
+            if not sharded:  # sharded states are loaded after fully_shard, below
+                restore_checkpoint(state, model=model, optimizer=optimizer, restore_rng=False)
+        if sharded:
             from torch.distributed.fsdp import fully_shard
 
             for block in model.layers:  # each block's weights gathered just in time, then freed
                 fully_shard(block)
             fully_shard(model)
             optimizer = adamw(model, lr=args.lr)  # over the sharded parameters
-            if args.resume:
-                _load_sharded(model, optimizer, state)
+            if state is not None:
+                for group in optimizer.param_groups:  # train() adds it; the loaded groups have it
+                    group["initial_lr"] = group["lr"]
+                load_full_states(model, optimizer, state)
         elif world > 1:
             model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if state is not None:
+            if "lr" in args.allow_change:  # the loaded optimizer holds the old rate; the schedule scales initial_lr
+                for group in optimizer.param_groups:
+                    group["initial_lr"] = group["lr"] = args.lr
+            per_rank = state["extra"]["rng"]
+            set_rng_states(per_rank[rank] if len(per_rank) == world else state["rng"])
+            if len(per_rank) != world and rank == 0:
+                progress_write(f"note: {len(per_rank)} process(es) wrote the checkpoint, {world} resume it: "
+                               "the run continues, equal to an uninterrupted one to rounding, not bit for bit")
         if args.compile:  # in place, so that state_dict() keeps its keys; after DDP/FSDP wrapping
             gpt.compile()
         share = args.batch_size // world
 
-        def batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            # The batch of a step depends on (seed, step) alone: a resumed run needs no data state.
             # Every process draws the same global batch, then keeps its own rows.
+            data = torch.Generator().manual_seed((args.seed << 32) + step)
             starts = torch.randint(0, len(ids) - args.context - 1, (args.batch_size,), generator=data)
             mine = starts[rank * share : (rank + 1) * share]
             rows = torch.stack([ids[s : s + args.context + 1] for s in mine.tolist()])
@@ -209,34 +274,78 @@ def run(args: argparse.Namespace) -> dict:
         starts = torch.randint(0, len(val_ids) - args.context - 1, (4 * 16,), generator=eval_gen)
         rows = torch.stack([val_ids[s : s + args.context + 1] for s in starts.tolist()])
         eval_batches = [(r[:, :-1], r[:, 1:]) for r in rows.split(16)]
-        remaining = args.steps - done
-        if remaining > 0:
-            # Noam-shaped (Vaswani et al., 2017): a function of the step alone, so a run resumed with
-            # a larger --steps continues exactly as a longer run would have.
+        settings = {name: getattr(args, name) for name in RUN_SETTINGS}
+
+        def save(step: int) -> None:
+            model_state, optimizer_state = full_states(model, optimizer, sharded)  # every process takes part
+            rngs = every_process(rng_states(), world)
+            if rank == 0:
+                save_checkpoint(checkpoint_path(args.out, step), model=model_state, optimizer=optimizer_state,
+                                step=step, extra={"history": history, "settings": settings, "vocab": chars,
+                                                  "fsdp": sharded, "rng": rngs})
+                prune_checkpoints(args.out, args.keep)
+            if world > 1:
+                dist.barrier()
+
+        stopped_by = None
+        if args.steps > done:
+            args.out.mkdir(parents=True, exist_ok=True)
+            log = StepLog(gpt, args, device, start_step=done, world=world) if rank == 0 else None
+            jsonl = JsonLog(args.out / "log.jsonl", done if state is not None else None) if rank == 0 else None
+            if rank == 0:
+                jsonl.write(step=done, event="resume" if state is not None else "start", world_size=world,
+                            device=str(device), **settings)
+                progress_write(f"{args.preset}: {count_parameters(gpt):,} parameters, {world} process(es) on "
+                               f"{device.type}; steps {done + 1}-{args.steps}, a checkpoint every "
+                               f"{args.save_every} steps in {args.out}")
+
+            def on_step(step: int, hist) -> None:
+                now = step + 1
+                history["train_loss"].append(hist.train_loss[-1])
+                if rank == 0:
+                    jsonl.write(step=now, loss=hist.train_loss[-1], lr=hist.lr[-1], grad_norm=hist.grad_norm[-1],
+                                elapsed_s=round(log.elapsed(), 3))
+                    log(step, hist)
+                if now % args.eval_every == 0 or now == args.steps:
+                    loss = evaluate(model, eval_batches, device=device)  # every process: FSDP gathers weights
+                    history["eval_loss"].append([now, loss])
+                    if rank == 0:
+                        jsonl.write(step=now, eval_loss=loss)
+                        progress_write(f"step {now}/{args.steps}  validation loss {loss:.4f}")
+                stop = any_process(stopper.received is not None, world, device)
+                if stop or now % args.save_every == 0 or now == args.steps:
+                    save(now)
+                if stop and now < args.steps:
+                    raise Stopped(now)
+
+            # Noam-shaped (Vaswani et al., 2017): a function of the step alone, so a resumed run
+            # continues exactly as an uninterrupted one.
             rate = noam(config.d_model, args.warmup)
             peak = rate(args.warmup)
-
-            def schedule(step: int) -> float:
-                return rate(step + 1) / peak
-
-            log = StepLog(gpt, args, device, start_step=done, world=world) if rank == 0 else None
-            result = train(model, batch, remaining, loss_fn=cross_entropy_loss, optimizer=optimizer,
-                           lr_schedule=schedule, start_step=done, precision=args.precision, device=device,
-                           progress=rank == 0, desc=f"rank {rank}", on_step=log)
-            history["train_loss"] += result.train_loss
-            history["eval_loss"].append([args.steps, evaluate(model, eval_batches, device=device)])
-        summary = {"world_size": world, "steps": args.steps, **history}
-        model_state, optimizer_state = _full_states(model, optimizer, args.fsdp and world > 1)
+            try:
+                with StopOnSignal(verbose=rank == 0) as stopper:
+                    train(model, batch, args.steps - done, loss_fn=cross_entropy_loss, optimizer=optimizer,
+                          lr_schedule=lambda step: rate(step + 1) / peak, start_step=done,
+                          precision=args.precision, device=device, progress=rank == 0 and sys.stderr.isatty(),
+                          desc=f"rank {rank}", on_step=on_step)
+            except Stopped as stop:
+                stopped_by = signal.Signals(stopper.received).name
+                if rank == 0:
+                    progress_write(f"stopped by {stopped_by} after step {stop.args[0]}; saved "
+                                   f"{checkpoint_path(args.out, stop.args[0])}. Resume with:\n  "
+                                   f"{_resume_hint(args, world)}")
+            finally:
+                if rank == 0:
+                    jsonl.close()
+        elif rank == 0:
+            progress_write(f"{args.out} is already at step {done} of {args.steps}: nothing to do")
+        summary = {"world_size": world, "steps": len(history["train_loss"]), "stopped_by": stopped_by, **history}
         if rank == 0:
-            save_checkpoint(checkpoint, model=model_state, optimizer=optimizer_state, step=args.steps,
-                            generators={"data": data},
-                            extra={"history": history, "preset": args.preset, "vocab": "".join(vocab.itos),
-                                   "fsdp": bool(args.fsdp and world > 1)})
             (args.out / "history.json").write_text(json.dumps(summary))
-            print(f"{args.steps} steps on {world} process(es): train loss {history['train_loss'][-1]:.4f}, "
-                  f"validation loss {history['eval_loss'][-1][1]:.4f} -> {checkpoint}")
-        if world > 1:
-            dist.barrier()
+            if stopped_by is None and args.steps > done:
+                print(f"{args.steps} steps on {world} process(es): train loss {history['train_loss'][-1]:.4f}, "
+                      f"validation loss {history['eval_loss'][-1][1]:.4f} -> "
+                      f"{checkpoint_path(args.out, args.steps)}")
         return summary
     finally:
         if dist.is_available() and dist.is_initialized():
@@ -244,8 +353,17 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m companion.train``."""
-    run(parse_args(argv))
+    """Entry point of ``python -m companion.train``: 0 when done, 128 + the signal's number when a
+    signal stopped the run (after saving), 2 with one line on stderr for a refused setting."""
+    args = parse_args(argv)
+    try:
+        summary = run(args)
+    except (ValueError, FileNotFoundError) as err:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"python -m companion.train: error: {err}", file=sys.stderr)
+        return 2
+    if summary["stopped_by"]:
+        return 128 + signal.Signals[summary["stopped_by"]].value
     return 0
 
 
