@@ -20,7 +20,9 @@ The BPE trainer reproduces Hugging Face ``tokenizers``' ``BpeTrainer`` merge for
 alphabet), and :meth:`BPETokenizer.to_hf` exports a ``tokenizers.Tokenizer`` that encodes every
 string to the same ids. See :meth:`BPETokenizer.train` for the tie-breaking rule. The WordPiece
 tokenizer encodes to the same ids as HF's ``WordPiece`` model behind a ``BertPreTokenizer``
-(:meth:`WordPieceTokenizer.to_hf` builds one).
+(:meth:`WordPieceTokenizer.to_hf` builds one); with a :class:`BertNormalizer` (lower-casing, accent
+stripping, CJK and control characters) and :meth:`WordPieceTokenizer.from_tokenizer_json` it reads a
+pre-trained BERT's ``tokenizer.json`` and encodes as that model's fast tokenizer does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import math
 import os
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -54,6 +57,7 @@ __all__ = [
     "train_bpe_naive",
     "BERT_SPECIAL_TOKENS",
     "bert_pre_tokenize",
+    "BertNormalizer",
     "WordPieceTokenizer",
 ]
 
@@ -814,6 +818,90 @@ def bert_pre_tokenize(text: str) -> list[str]:
     return _BERT_PATTERN.findall(_check_text(text))
 
 
+# BERT's normaliser. Control characters are Unicode's categories Cc, Cf, Co and Cs, tab, newline
+# and carriage return aside (those are whitespace), plus NUL and U+FFFD. The CJK blocks are those
+# of HF ``tokenizers``, which start the fifth extension block at U+2B920 where BERT's original code
+# (and Unicode) starts it at U+2B820.
+_BERT_CONTROL = regex.compile(r"(?![\t\n\r])[\x00\ufffd\p{Cc}\p{Cf}\p{Co}\p{Cs}]")
+_WHITESPACE = regex.compile(r"\p{White_Space}")
+_CJK = regex.compile(
+    "[\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f\U0002b740-\U0002b81f"
+    "\U0002b920-\U0002ceaf\uf900-\ufaff\U0002f800-\U0002fa1f]"
+)
+_NONSPACING_MARK = regex.compile(r"\p{Mn}")
+
+
+class BertNormalizer:
+    """BERT's text normaliser, HF ``tokenizers.normalizers.BertNormalizer`` step for step.
+
+    In order, each step optional:
+
+    1. ``clean_text``: drop control characters (Unicode categories ``Cc``, ``Cf``, ``Co``, ``Cs``,
+       and ``U+FFFD``), then turn every whitespace character (tab and newline included) into a space.
+    2. ``handle_chinese_chars``: put a space on each side of every CJK ideograph, so that the
+       pre-tokenizer makes each one a word: ``"北京"`` -> ``" 北  京 "``.
+    3. ``strip_accents``: decompose (Unicode NFD) and drop the non-spacing marks (category ``Mn``):
+       ``"café"`` -> ``"cafe"``. ``None`` (the default) means "as ``lowercase``", as in HF.
+    4. ``lowercase``: character by character (``"Σ"`` is always ``"σ"``, never the final ``"ς"``
+       that Python's ``str.lower`` writes at the end of a word).
+
+    The defaults are an uncased BERT's (``bert-base-uncased``, all-MiniLM-L6-v2). Caveat, as in
+    :func:`bert_pre_tokenize`: HF classifies characters with older Unicode tables, so the two
+    differ on a few hundred marks and format characters assigned since, and on three characters of
+    Unicode 3.2 that Unicode later reclassified (U+1734, U+1885, U+1886); they agree on every other
+    character of Unicode 3.2, which is what the tests draw from.
+
+    Args:
+        clean_text: drop control characters and map whitespace to spaces.
+        handle_chinese_chars: surround CJK ideographs with spaces.
+        strip_accents: drop accents; ``None``: when ``lowercase``.
+        lowercase: lower-case the text.
+    """
+
+    def __init__(self, clean_text: bool = True, handle_chinese_chars: bool = True,
+                 strip_accents: bool | None = None, lowercase: bool = True):
+        for name, value in (("clean_text", clean_text), ("handle_chinese_chars", handle_chinese_chars),
+                            ("lowercase", lowercase)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if strip_accents is not None and not isinstance(strip_accents, bool):
+            raise TypeError(f"strip_accents must be a bool or None, got {type(strip_accents).__name__}")
+        self.clean_text = clean_text
+        self.handle_chinese_chars = handle_chinese_chars
+        self.strip_accents = strip_accents
+        self.lowercase = lowercase
+
+    def __repr__(self) -> str:
+        return (f"BertNormalizer(clean_text={self.clean_text}, handle_chinese_chars={self.handle_chinese_chars}, "
+                f"strip_accents={self.strip_accents}, lowercase={self.lowercase})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BertNormalizer) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __call__(self, text: str) -> str:
+        """The normalised ``text``: ``"Héllo\\tWORLD 北京"`` -> ``"hello world  北  京 "`` (defaults)."""
+        text = _check_text(text)
+        if self.clean_text:
+            text = _WHITESPACE.sub(" ", _BERT_CONTROL.sub("", text))
+        if self.handle_chinese_chars:
+            text = _CJK.sub(r" \g<0> ", text)
+        if self.strip_accents if self.strip_accents is not None else self.lowercase:
+            text = _NONSPACING_MARK.sub("", unicodedata.normalize("NFD", text))
+        if self.lowercase:
+            # str.lower() alone would write a final sigma at the end of words; HF lowers each character.
+            text = "".join(map(str.lower, text)) if "\u03a3" in text else text.lower()
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, as ``tokenizer.json`` writes them (``{"type": "BertNormalizer", ...}``)."""
+        return {"type": "BertNormalizer", "clean_text": self.clean_text,
+                "handle_chinese_chars": self.handle_chinese_chars, "strip_accents": self.strip_accents,
+                "lowercase": self.lowercase}
+
+
 def _check_token_str(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
@@ -834,7 +922,10 @@ class WordPieceTokenizer:
     *whole word* becomes ``unk_token``. This is HF ``tokenizers``' ``WordPiece`` model behind a
     ``BertPreTokenizer``, id for id.
 
-    Build one from a vocabulary (BERT's ``vocab.txt`` read as a list) or with :meth:`train`.
+    Build one from a vocabulary (BERT's ``vocab.txt`` read as a list), with :meth:`train`, or from
+    a pre-trained model's ``tokenizer.json`` with :meth:`from_tokenizer_json`. Given a
+    ``normalizer``, each stretch of text between special tokens is normalised before it is cut into
+    words (HF's order: special tokens are found in the raw text).
 
     Args:
         vocab: the tokens in id order, or a mapping from token to id (ids ``0 .. len - 1``).
@@ -843,6 +934,8 @@ class WordPieceTokenizer:
         max_input_chars_per_word: longer words become ``unk_token`` (100, as in BERT and HF).
         special_tokens: tokens of ``vocab`` that ``encode`` finds in raw text and never splits
             (``"[CLS]"``, ``"[SEP]"``, ...); the longest wins where two overlap.
+        normalizer: a :class:`BertNormalizer` applied before pre-tokenization, or ``None`` (the
+            default: the text is used as it is).
     """
 
     def __init__(
@@ -852,6 +945,7 @@ class WordPieceTokenizer:
         prefix: str = "##",
         max_input_chars_per_word: int = 100,
         special_tokens: Iterable[str] = (),
+        normalizer: BertNormalizer | None = None,
     ):
         if isinstance(vocab, Mapping):
             items = sorted(vocab.items(), key=lambda kv: kv[1] if isinstance(kv[1], int) else -1)
@@ -883,6 +977,9 @@ class WordPieceTokenizer:
             raise ValueError(f"special_tokens must be tokens of vocab, but {missing} are not")
         self.special_tokens: dict[str, int] = {s: self.vocab[s] for s in specials}
         self._special_regex = _special_splitter(specials)
+        if normalizer is not None and not isinstance(normalizer, BertNormalizer):
+            raise TypeError(f"normalizer must be a BertNormalizer or None, got {type(normalizer).__name__}")
+        self.normalizer = normalizer
         # Longest token in characters, without the prefix: no longer match needs to be tried.
         n = len(prefix)
         self._longest = max((len(t) - n if t.startswith(prefix) else len(t)) for t in tokens)
@@ -898,7 +995,8 @@ class WordPieceTokenizer:
     def __repr__(self) -> str:
         return (
             f"WordPieceTokenizer(vocab_size={self.vocab_size}, unk_token={self.unk_token!r}, "
-            f"prefix={self.prefix!r}, special_tokens={list(self.special_tokens)})"
+            f"prefix={self.prefix!r}, special_tokens={list(self.special_tokens)}"
+            + (f", normalizer={self.normalizer!r})" if self.normalizer else ")")
         )
 
     def _wordpiece(self, word: str) -> list[int]:
@@ -923,6 +1021,8 @@ class WordPieceTokenizer:
         return ids
 
     def _encode_ordinary(self, text: str, ids: list[int]) -> None:
+        if self.normalizer is not None:
+            text = self.normalizer(text)
         _encode_cached(_BERT_PATTERN.findall(text), self._cache, self._wordpiece, ids)
 
     def encode(self, text: str) -> list[int]:
@@ -1034,14 +1134,61 @@ class WordPieceTokenizer:
         tokens = _train_wordpiece(word_counts, vocab_size, specials, prefix, criterion, progress)
         return cls(tokens, unk_token, prefix, max_input_chars_per_word, specials)
 
-    # -- Hugging Face export ----------------------------------------------------------------------
+    # -- Hugging Face import and export ---------------------------------------------------------
+
+    @classmethod
+    def from_tokenizer_json(cls, path: str | os.PathLike) -> WordPieceTokenizer:
+        """The tokenizer of a pre-trained BERT, read from its Hugging Face ``tokenizer.json``.
+
+        Reads the ``WordPiece`` model (vocabulary, ``[UNK]``, prefix, longest word), the
+        ``BertNormalizer`` settings and the special added tokens; refuses files this class cannot
+        reproduce (another model, normaliser or pre-tokenizer) with a ``ValueError``. Needs neither
+        ``tokenizers`` nor ``transformers``. ``encode`` then gives HF's ids *without* the
+        post-processor's ``[CLS]`` and ``[SEP]``: add them, ``[cls_id, *encode(text), sep_id]``.
+        Truncation and padding settings of the file are ignored.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is not a tokenizer.json (not valid JSON: {err})") from err
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, dict) or model.get("type") != "WordPiece":
+            got = model.get("type") if isinstance(model, dict) else None
+            raise ValueError(f"{path}: model.type must be 'WordPiece', got {got!r}")
+        pre = data.get("pre_tokenizer")
+        if not isinstance(pre, dict) or pre.get("type") != "BertPreTokenizer":
+            got = pre.get("type") if isinstance(pre, dict) else pre
+            raise ValueError(f"{path}: pre_tokenizer must be a 'BertPreTokenizer', got {got!r}")
+        norm = data.get("normalizer")
+        if norm is not None and (not isinstance(norm, dict) or norm.get("type") != "BertNormalizer"):
+            got = norm.get("type") if isinstance(norm, dict) else norm
+            raise ValueError(f"{path}: normalizer must be None or a 'BertNormalizer', got {got!r}")
+        normalizer = None
+        if norm is not None:
+            normalizer = BertNormalizer(**{k: norm[k] for k in ("clean_text", "handle_chinese_chars",
+                                                                "strip_accents", "lowercase")})
+        specials = []
+        for added in data.get("added_tokens", []):
+            if not added.get("special"):
+                continue
+            odd = [k for k in ("single_word", "lstrip", "rstrip", "normalized") if added.get(k)]
+            if odd:
+                raise ValueError(f"{path}: special token {added['content']!r} has {odd} set; only plain "
+                                 "special tokens, matched in the raw text, are supported")
+            if model["vocab"].get(added["content"]) != added["id"]:
+                raise ValueError(f"{path}: special token {added['content']!r} has id {added['id']}, "
+                                 f"expected its vocabulary id {model['vocab'].get(added['content'])}")
+            specials.append(added["content"])
+        return cls(model["vocab"], model["unk_token"], model["continuing_subword_prefix"],
+                   model["max_input_chars_per_word"], specials, normalizer)
 
     def to_hf(self):
         """This tokenizer as a Hugging Face ``tokenizers.Tokenizer``: ``WordPiece`` model,
-        ``BertPreTokenizer``, ``WordPiece`` decoder (no clean-up) and the special tokens as added
-        tokens. It encodes every string to the same ids (see :func:`bert_pre_tokenize` for the
-        Unicode caveat) and decodes, with ``skip_special_tokens=False``, to the same text."""
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        ``BertPreTokenizer``, ``WordPiece`` decoder (no clean-up), the special tokens as added
+        tokens and the :class:`BertNormalizer`, if any. It encodes every string to the same ids
+        (see :func:`bert_pre_tokenize` and :class:`BertNormalizer` for the Unicode caveats) and
+        decodes, with ``skip_special_tokens=False``, to the same text."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
         tok = Tokenizer(
             models.WordPiece(
@@ -1052,6 +1199,10 @@ class WordPieceTokenizer:
             )
         )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        if self.normalizer is not None:
+            settings = self.normalizer.to_dict()
+            del settings["type"]
+            tok.normalizer = normalizers.BertNormalizer(**settings)
         tok.decoder = decoders.WordPiece(prefix=self.prefix, cleanup=False)
         if self.special_tokens:
             tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.special_tokens])

@@ -14,13 +14,14 @@ import regex
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from companion.data import CharVocab, shakespeare_text
 from companion.tokenization import (
     BERT_SPECIAL_TOKENS,
     GPT2_PATTERN,
     GPT4_PATTERN,
+    BertNormalizer,
     BPETokenizer,
     CharTokenizer,
     WordPieceTokenizer,
@@ -649,6 +650,118 @@ def test_wordpiece_special_tokens_are_cut_out_first(wordpiece):
     assert ids[0] == wordpiece.vocab["[CLS]"] and wordpiece.vocab["[SEP]"] in ids and ids[-1] == 4
     assert wordpiece.tokenize("[CLS")[:2] == ["[", "C"]  # a broken special token is ordinary text
     assert WordPieceTokenizer(wordpiece.itos).tokenize("[CLS]")[0] == "["  # not special unless declared
+
+
+# -- WordPiece: BERT's normaliser and tokenizer.json ----------------------------------------------
+
+
+def test_bert_normalizer_by_hand():
+    norm = BertNormalizer()
+    assert norm("Héllo\tWORLD 北京") == "hello world  北  京 "
+    assert norm("Café naïve Ångström ÉCOLE") == "cafe naive angstrom ecole"
+    assert norm("x\x00y\u200bz\ufffd!\x0b\u2028") == "xyz! "  # controls dropped, spaces mapped
+    assert norm("ΟΔΟΣ") == "οδοσ" != "ΟΔΟΣ".lower()  # no final sigma: HF lowers character by character
+    assert norm("İstanbul") == "istanbul"  # accents go before lower-casing, so the dot of İ goes too
+    cased = BertNormalizer(lowercase=False)  # strip_accents=None follows lowercase
+    assert cased("Café 中") == "Café  中 "
+    assert BertNormalizer(strip_accents=True, lowercase=False)("Café") == "Cafe"
+    assert BertNormalizer(clean_text=False, handle_chinese_chars=False)("A\tb中\x00") == "a\tb中\x00"
+    assert BertNormalizer().to_dict() == {"type": "BertNormalizer", "clean_text": True,
+                                          "handle_chinese_chars": True, "strip_accents": None, "lowercase": True}
+    with pytest.raises(TypeError, match="lowercase must be a bool, got str"):
+        BertNormalizer(lowercase="yes")
+    with pytest.raises(TypeError, match="strip_accents must be a bool or None"):
+        BertNormalizer(strip_accents=1)
+    with pytest.raises(TypeError, match="text must be a str"):
+        norm(b"bytes")
+
+
+# Where our normaliser and HF's disagree: characters HF's older Unicode tables classify otherwise.
+_NORMALIZER_RECLASSIFIED = {0x1734, 0x1885, 0x1886}
+
+
+@pytest.mark.parametrize("settings_", [{}, {"lowercase": False}, {"strip_accents": True, "lowercase": False}])
+def test_bert_normalizer_differs_from_hf_only_after_unicode_3_2(settings_):
+    # Every character of the BMP and a sample of the other planes, one at a time.
+    ours, hf = BertNormalizer(**settings_), normalizers.BertNormalizer(**settings_)
+    rng = random.Random(0)
+    code_points = [*range(0x10000), *rng.sample(range(0x10000, 0x110000), 20_000)]
+    disagree = [cp for cp in code_points if not 0xD800 <= cp <= 0xDFFF and ours(chr(cp)) != hf.normalize_str(chr(cp))]
+    old = {cp for cp in disagree if unicodedata.ucd_3_2_0.category(chr(cp)) != "Cn"}
+    assert old <= _NORMALIZER_RECLASSIFIED and len(disagree) < 400
+    # HF starts CJK Extension E at U+2B920 (Unicode: U+2B820); we follow HF.
+    assert ours("\U0002b820") == hf.normalize_str("\U0002b820") == "\U0002b820"
+    assert ours("\U0002b920") == hf.normalize_str("\U0002b920") == " \U0002b920 "
+    assert ours("北京, Ça ΟΔΟΣ\x00\t") == hf.normalize_str("北京, Ça ΟΔΟΣ\x00\t")
+
+
+NORMALIZERS = [BertNormalizer(), BertNormalizer(lowercase=False), BertNormalizer(clean_text=False),
+               BertNormalizer(strip_accents=True, lowercase=False, handle_chinese_chars=False)]
+NORMALIZER_CHARS = BERT_CHARS.filter(lambda ch: ord(ch) not in _NORMALIZER_RECLASSIFIED)
+NORMALIZER_PIECES = st.one_of(
+    st.text(NORMALIZER_CHARS, max_size=30),
+    st.sampled_from([*BERT_TRICKY, "ΟΔΟΣ", "İ", "Ångström", "北京大学", "\u200b", "\ufffd", "[cls]", "CAFÉ"]),
+    st.tuples(st.integers(0, 1499), st.sampled_from(["", "", " "])),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(NORMALIZER_PIECES, max_size=10), st.integers(0, len(NORMALIZERS) - 1))
+def test_wordpiece_with_a_normalizer_equals_hf(wordpiece, pieces, which):
+    key = f"normalized {which}"
+    if key not in _WORDPIECE_CACHE:
+        tok = WordPieceTokenizer(wordpiece.itos, special_tokens=wordpiece.special_tokens,
+                                 normalizer=NORMALIZERS[which])
+        _WORDPIECE_CACHE[key] = tok, tok.to_hf()  # HF's own BertNormalizer does the normalising there
+    tok, hf = _WORDPIECE_CACHE[key]
+    text = _assemble(tok, pieces)
+    assert tok.encode(text) == hf.encode(text).ids
+
+
+def test_wordpiece_normalizer_is_off_by_default():
+    assert WordPieceTokenizer(TOY_VOCAB).normalizer is None
+    assert WordPieceTokenizer(TOY_VOCAB).tokenize("READ Réad") == ["[UNK]", "[UNK]"]
+    uncased = WordPieceTokenizer(TOY_VOCAB, special_tokens=["[CLS]"], normalizer=BertNormalizer())
+    assert uncased.tokenize("[CLS] READ Réad [cls]") == ["[CLS]", "read", "read", "[UNK]", "[UNK]", "[UNK]"]
+    assert "normalizer=BertNormalizer(" in repr(uncased) and "normalizer" not in repr(WordPieceTokenizer(TOY_VOCAB))
+    with pytest.raises(TypeError, match="normalizer must be a BertNormalizer or None, got str"):
+        WordPieceTokenizer(TOY_VOCAB, normalizer="bert")
+
+
+def test_wordpiece_from_tokenizer_json_reads_what_to_hf_writes(wordpiece, tmp_path):
+    tok = WordPieceTokenizer(wordpiece.itos, special_tokens=wordpiece.special_tokens, max_input_chars_per_word=50,
+                             normalizer=BertNormalizer(lowercase=False))
+    tok.to_hf().save(str(tmp_path / "tokenizer.json"))
+    back = WordPieceTokenizer.from_tokenizer_json(tmp_path / "tokenizer.json")
+    assert back.itos == tok.itos and back.special_tokens == tok.special_tokens
+    assert back.normalizer == tok.normalizer and back.max_input_chars_per_word == 50
+    text = "[CLS] Good night, SWEET prince: 北京 Ça [SEP]"
+    assert back.encode(text) == tok.encode(text)
+    tok_plain = WordPieceTokenizer(wordpiece.itos)
+    tok_plain.to_hf().save(str(tmp_path / "plain.json"))
+    assert WordPieceTokenizer.from_tokenizer_json(tmp_path / "plain.json").normalizer is None
+
+
+def test_wordpiece_from_tokenizer_json_refuses_what_it_cannot_reproduce(wordpiece, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    WordPieceTokenizer(wordpiece.itos, special_tokens=["[CLS]"], normalizer=BertNormalizer()).to_hf().save(str(path))
+    good = json.loads(path.read_text())
+
+    def refused(change, match):
+        data = json.loads(json.dumps(good))
+        change(data)
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=match):
+            WordPieceTokenizer.from_tokenizer_json(path)
+
+    refused(lambda d: d["model"].update(type="BPE"), "model.type must be 'WordPiece', got 'BPE'")
+    refused(lambda d: d.update(pre_tokenizer={"type": "Whitespace"}), "must be a 'BertPreTokenizer', got 'Whitespace'")
+    refused(lambda d: d.update(normalizer={"type": "NFC"}), "normalizer must be None or a 'BertNormalizer', got 'NFC'")
+    refused(lambda d: d["added_tokens"][0].update(normalized=True), r"\['normalized'\] set")
+    refused(lambda d: d["added_tokens"][0].update(id=7), "has id 7, expected its vocabulary id")
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a tokenizer.json"):
+        WordPieceTokenizer.from_tokenizer_json(path)
 
 
 # -- WordPiece: training --------------------------------------------------------------------------

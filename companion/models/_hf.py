@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from companion.config import ModelConfig
 
-__all__ = ["gpt_from_hf", "bert_from_hf", "t5_from_hf"]
+__all__ = ["gpt_from_hf", "bert_from_hf", "bert_from_state_dict", "t5_from_hf"]
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
@@ -132,13 +132,24 @@ def bert_from_hf(cls, hf_model: nn.Module):
     kind = type(hf_model).__name__
     if kind not in ("BertModel", "BertForPreTraining"):
         raise TypeError(f"hf_model must be a transformers BertModel or BertForPreTraining, got {kind}")
-    config = _bert_config(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    p0 = "bert." if kind == "BertForPreTraining" else ""
+    param = next(hf_model.parameters())
+    return bert_from_state_dict(cls, hf_model.config, sd, device=param.device, dtype=param.dtype)
+
+
+def bert_from_state_dict(cls, hf_config, sd: dict[str, Tensor], device=None, dtype=None):
+    """Build ``cls`` (:class:`~companion.models.bert.BERT`) from a BERT state dict in ``transformers``' names.
+
+    ``hf_config`` is a ``BertConfig`` or anything with its attributes (``config.json`` read into a
+    ``types.SimpleNamespace``), so a checkpoint loads without ``transformers``. Keys may carry
+    ``BertForPreTraining``'s ``"bert."`` prefix; its heads (``cls.*``) are copied when present.
+    """
+    config = _bert_config(hf_config)
+    p0 = "bert." if "bert.embeddings.word_embeddings.weight" in sd else ""
+    heads = any(k.startswith("cls.") for k in sd)
     if p0 + "pooler.dense.weight" not in sd:
         raise ValueError("cannot convert this model: it has no pooler (add_pooling_layer=False)")
-    param = next(hf_model.parameters())
-    model = cls(config).to(device=param.device, dtype=param.dtype)
+    model = cls(config).to(device=device, dtype=dtype)
     e = p0 + "embeddings."
     _copy(model.tok_emb.weight, sd[e + "word_embeddings.weight"], "word_embeddings")
     _copy(model.stack.positions.table.weight, sd[e + "position_embeddings.weight"], "position_embeddings")
@@ -157,11 +168,11 @@ def bert_from_hf(cls, hf_model: nn.Module):
                 _copy(getattr(ours, part), sd[p + f"{theirs}.{part}"], p + theirs)
     for part in ("weight", "bias"):
         _copy(getattr(model.pooler, part), sd[p0 + f"pooler.dense.{part}"], "pooler")
-        if kind == "BertForPreTraining":
+        if heads:
             _copy(getattr(model.mlm_transform, part), sd[f"cls.predictions.transform.dense.{part}"], "transform")
             _copy(getattr(model.mlm_norm, part), sd[f"cls.predictions.transform.LayerNorm.{part}"], "transform.LN")
             _copy(getattr(model.nsp_head, part), sd[f"cls.seq_relationship.{part}"], "seq_relationship")
-    if kind == "BertForPreTraining":
+    if heads:
         _copy(model.mlm_bias, sd["cls.predictions.bias"], "cls.predictions.bias")
     return model.eval()
 
