@@ -215,7 +215,6 @@ def run(args: argparse.Namespace) -> dict:
             if rank == 0:
                 for reason in skipped:
                     progress_write(f"skipping an unreadable checkpoint: {reason}")
-                progress_write(f"resuming from {path} (step {state['step']})")
         elif list_checkpoints(args.out):
             newest = list_checkpoints(args.out)[-1][1]
             raise ValueError(f"--out {args.out} already holds a run ({newest.name}): pass --resume to continue it, "
@@ -225,6 +224,8 @@ def run(args: argparse.Namespace) -> dict:
         chars = "".join(vocab.itos)
         if state is not None:
             _check_resumable(state, path, args, chars, sharded)
+            if rank == 0:
+                progress_write(f"resuming from {path} (step {state['step']})")
         ids = vocab.encode(shakespeare_text("train"))
         config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=args.context, dropout=0.0)
         model = gpt = GPT(config).to(device)
