@@ -18,12 +18,16 @@ The model is a character-level :class:`~companion.models.gpt.GPT` built from
 :mod:`companion.training.checkpoint`) atomically, and keeps the newest ``--keep``. SIGTERM or
 Ctrl-C (SIGINT) lets the step finish, saves, and exits with status 128 + the signal's number,
 saying how to resume; the same signal twice stops at once. ``--resume`` continues from the newest
-checkpoint that reads (a file cut short is reported and skipped) up to ``--steps`` in total, and
+checkpoint that reads (a damaged file is reported and skipped) up to ``--steps`` in total, and
 ends with the weights an uninterrupted run would have, bit for bit, even after ``kill -9``: the
 batch of step ``s`` is drawn from a generator seeded with ``(--seed, s)``, so the data order needs
-no state, and the learning rate is a function of the step. A resume that would change the model,
-the data or the optimizer (another ``--preset``, ``--context``, ``--batch-size``, ``--lr``, …) is
-refused, naming the setting and both values; ``--allow-change`` accepts the legitimate ones.
+no state, and the learning rate is a function of the step. That is tested on the CPU, whose
+kernels are deterministic; on a GPU some kernels (an embedding's backward, for one) add in a
+varying order, so two runs agree to rounding unless ``--deterministic`` selects deterministic
+kernels (not measured here). Only rank 0 reads and writes ``OUT``; it hands a checkpoint to the
+other processes, so several machines need not share a folder. A resume that would change the
+model, the data or the optimizer (another ``--preset``, ``--context``, ``--batch-size``, ``--lr``,
+…) is refused, naming the setting and both values; ``--allow-change`` accepts the legitimate ones.
 
 **The log.** Every ``--log-every`` steps rank 0 prints the loss, the learning rate, tokens/s,
 elapsed time, an estimate of the time left and, on a GPU whose peak :mod:`companion.flops` knows,
@@ -71,7 +75,14 @@ from companion.training.checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
-from companion.training.distributed import any_process, every_process, full_states, load_full_states, setup
+from companion.training.distributed import (
+    any_process,
+    every_process,
+    from_rank_0,
+    full_states,
+    load_full_states,
+    setup,
+)
 from companion.training.interruption import StopOnSignal, Stopped
 from companion.training.losses import cross_entropy_loss
 from companion.training.run_log import JsonLog, StepLog
@@ -82,9 +93,9 @@ __all__ = ["GPT_PRESETS", "parse_args", "run", "main"]
 
 GPT_PRESETS = ("tiny", "small", "llama-tiny", "gpt2-small")
 # Stored in every checkpoint and compared on --resume: what the weights, the data and the optimizer depend on.
-RUN_SETTINGS = ("preset", "context", "batch_size", "lr", "warmup", "seed", "precision")
-# Those a resumed run may change with --allow-change (the rest fix the weights' shapes or the data's identity).
-CHANGEABLE = ("lr", "warmup", "batch_size", "precision")
+RUN_SETTINGS = ("preset", "context", "dropout", "batch_size", "lr", "warmup", "seed", "precision")
+# Those a resumed run may change with --allow-change (the rest fix the model or the data's identity).
+CHANGEABLE = ("lr", "warmup", "batch-size", "precision")
 
 
 def _at_least(low: int):
@@ -107,6 +118,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     return value
 
 
@@ -141,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=_at_least(1), default=32,
                         help="global batch: rows per step, all processes")
     parser.add_argument("--context", type=_at_least(1), default=64, help="characters per row")
+    parser.add_argument("--dropout", type=_probability, default=0.0, help="dropout probability of the model")
     parser.add_argument("--lr", type=_positive_float, default=3e-3, help="peak learning rate (after --warmup steps)")
     parser.add_argument("--warmup", type=_at_least(1), default=20, help="warm-up steps, then 1/sqrt(step) decay")
     parser.add_argument("--seed", type=_seed, default=0, help="seeds the model's initialisation and the data order")
@@ -158,12 +180,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=_at_least(1), default=50,
                         help="print a line every N steps: loss, learning rate, tokens/s and, on a known GPU, MFU")
     parser.add_argument("--device", type=_device, default=None, help="cpu, cuda or mps (default: cuda if available)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="use only deterministic kernels (torch.use_deterministic_algorithms), so that runs on "
+                             "a GPU repeat bit for bit; slower there, no change on the CPU")
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile (the first steps wait for the compiler)")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard weights, gradients and optimizer state over the processes (FSDP2 fully_shard) "
                              "instead of replicating them (DDP)")
     args = parser.parse_args(argv)
+    if args.allow_change and not args.resume:
+        parser.error("--allow-change applies to a resumed run: add --resume")
     args.argv = argv
     return args
 
@@ -177,10 +204,10 @@ def _check_resumable(state: dict, path: Path, args: argparse.Namespace, vocab: s
         raise ValueError(f"--steps {args.steps} is below the {state['step']} steps {path.name} has done "
                          "(--steps is the total; give at least that many)")
     for name in RUN_SETTINGS:
-        then, now = stored["settings"][name], getattr(args, name)
-        if then != now and name not in args.allow_change:
-            flag = "--" + name.replace("_", "-")
-            hint = f", or pass --allow-change {name}" if name in CHANGEABLE else ""
+        then, now = stored["settings"].get(name), getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if then != now and flag[2:] not in args.allow_change:
+            hint = f", or pass --allow-change {flag[2:]}" if flag[2:] in CHANGEABLE else ""
             raise ValueError(f"--resume: {path.name} was trained with {flag} {then}, this command gives {flag} {now}; "
                              f"give {flag} {then}{hint}")
     if stored["vocab"] != vocab:
@@ -200,6 +227,11 @@ def _resume_hint(args: argparse.Namespace, world: int) -> str:
 def run(args: argparse.Namespace) -> dict:
     """Train as ``args`` say; return (on every rank) the run's summary: losses, world size, and
     ``stopped_by``, the signal's name if one stopped the run before ``--steps`` (else ``None``)."""
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file: give a folder")
+    if args.deterministic:  # before any CUDA work: cuBLAS reads this when it starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     rank, world, device = setup(args.device)
     try:
         if args.precision == "fp16" and device.type != "cuda":
@@ -209,16 +241,21 @@ def run(args: argparse.Namespace) -> dict:
             raise ValueError(f"--batch-size {args.batch_size} must be divisible by the number of processes {world} "
                              "(each process takes an equal share of every batch)")
         sharded = args.fsdp and world > 1
-        state = None
-        if args.resume:
-            state, path, skipped = read_latest_checkpoint(args.out)
-            if rank == 0:
-                for reason in skipped:
-                    progress_write(f"skipping an unreadable checkpoint: {reason}")
-        elif list_checkpoints(args.out):
-            newest = list_checkpoints(args.out)[-1][1]
-            raise ValueError(f"--out {args.out} already holds a run ({newest.name}): pass --resume to continue it, "
-                             "or choose another --out")
+
+        def find_run() -> tuple[dict | None, Path | None, list[str]]:
+            if args.resume:
+                return read_latest_checkpoint(args.out)
+            if list_checkpoints(args.out):
+                newest = list_checkpoints(args.out)[-1][1]
+                raise ValueError(f"--out {args.out} already holds a run ({newest.name}): pass --resume to continue "
+                                 "it, or choose another --out")
+            return None, None, []
+
+        # Rank 0 reads the checkpoint and hands it to the others: only rank 0 touches OUT.
+        state, path, skipped = from_rank_0(find_run, world)
+        if rank == 0:
+            for reason in skipped:
+                progress_write(f"skipping an unreadable checkpoint: {reason}")
         torch.manual_seed(args.seed)  # the model's initialisation
         vocab = CharVocab.from_text(shakespeare_text("all"))  # every character of the plays has an id
         chars = "".join(vocab.itos)
@@ -226,10 +263,14 @@ def run(args: argparse.Namespace) -> dict:
             _check_resumable(state, path, args, chars, sharded)
             if rank == 0:
                 progress_write(f"resuming from {path} (step {state['step']})")
+                if state["extra"].get("device_type", device.type) != device.type:
+                    progress_write(f"note: the checkpoint was written on {state['extra']['device_type']}, this run is "
+                                   f"on {device.type}: it goes on, equal to an uninterrupted run to rounding only")
         ids = vocab.encode(shakespeare_text("train"))
-        config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=args.context, dropout=0.0)
+        config = ModelConfig.preset(args.preset, vocab_size=len(vocab), max_len=args.context, dropout=args.dropout)
         model = gpt = GPT(config).to(device)
         optimizer = adamw(model, lr=args.lr)
+        scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
         done, history = 0, {"train_loss": [], "eval_loss": []}
         if state is not None:
             done, history = state["step"], state["extra"]["history"]
@@ -252,6 +293,8 @@ def run(args: argparse.Namespace) -> dict:
             if "lr" in args.allow_change:  # the loaded optimizer holds the old rate; the schedule scales initial_lr
                 for group in optimizer.param_groups:
                     group["initial_lr"] = group["lr"] = args.lr
+            if scaler is not None and state["extra"].get("scaler"):  # fp16: the loss scale and its growth count
+                scaler.load_state_dict(state["extra"]["scaler"])
             per_rank = state["extra"]["rng"]
             set_rng_states(per_rank[rank] if len(per_rank) == world else state["rng"])
             if len(per_rank) != world and rank == 0:
@@ -281,10 +324,12 @@ def run(args: argparse.Namespace) -> dict:
             model_state, optimizer_state = full_states(model, optimizer, sharded)  # every process takes part
             rngs = every_process(rng_states(), world)
             if rank == 0:
-                save_checkpoint(checkpoint_path(args.out, step), model=model_state, optimizer=optimizer_state,
-                                step=step, extra={"history": history, "settings": settings, "vocab": chars,
-                                                  "fsdp": sharded, "rng": rngs})
+                path = save_checkpoint(
+                    checkpoint_path(args.out, step), model=model_state, optimizer=optimizer_state, step=step,
+                    extra={"history": history, "settings": settings, "vocab": chars, "fsdp": sharded, "rng": rngs,
+                           "device_type": device.type, "scaler": scaler.state_dict() if scaler is not None else None})
                 prune_checkpoints(args.out, args.keep)
+                jsonl.write(step=step, checkpoint=path.name)
             if world > 1:
                 dist.barrier()
 
@@ -306,7 +351,9 @@ def run(args: argparse.Namespace) -> dict:
                 if rank == 0:
                     jsonl.write(step=now, loss=hist.train_loss[-1], lr=hist.lr[-1], grad_norm=hist.grad_norm[-1],
                                 elapsed_s=round(log.elapsed(), 3))
-                    log(step, hist)
+                    line = log(step, hist)
+                    if line is not None:  # the printed line's measurements
+                        jsonl.write(step=now, **line)
                 if now % args.eval_every == 0 or now == args.steps:
                     loss = evaluate(model, eval_batches, device=device)  # every process: FSDP gathers weights
                     history["eval_loss"].append([now, loss])
@@ -328,10 +375,11 @@ def run(args: argparse.Namespace) -> dict:
                     train(model, batch, args.steps - done, loss_fn=cross_entropy_loss, optimizer=optimizer,
                           lr_schedule=lambda step: rate(step + 1) / peak, start_step=done,
                           precision=args.precision, device=device, progress=rank == 0 and sys.stderr.isatty(),
-                          desc=f"rank {rank}", on_step=on_step)
+                          desc=f"rank {rank}", on_step=on_step, scaler=scaler)
             except Stopped as stop:
                 stopped_by = signal.Signals(stopper.received).name
                 if rank == 0:
+                    jsonl.write(step=stop.args[0], event="stop", signal=stopped_by)
                     progress_write(f"stopped by {stopped_by} after step {stop.args[0]}; saved "
                                    f"{checkpoint_path(args.out, stop.args[0])}. Resume with:\n  "
                                    f"{_resume_hint(args, world)}")
@@ -355,14 +403,23 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m companion.train``: 0 when done, 128 + the signal's number when a
-    signal stopped the run (after saving), 2 with one line on stderr for a refused setting."""
+    signal stopped the run (after saving), 2 with one line on stderr for a refused setting, 1 for a
+    loss that diverged."""
     args = parse_args(argv)
+    first = os.environ.get("RANK", "0") == "0"
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError) as err:
-        if os.environ.get("RANK", "0") == "0":
+        if first:
             print(f"python -m companion.train: error: {err}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # the loss diverged
+        if first:
+            saved = list_checkpoints(args.out)
+            where = f"the newest checkpoint is {saved[-1][1]}" if saved else "no checkpoint was written"
+            print(f"python -m companion.train: error: {err}; {where} (a lower --lr, with --resume "
+                  "--allow-change lr, may get past it)", file=sys.stderr)
+        return 1
     if summary["stopped_by"]:
         return 128 + signal.Signals[summary["stopped_by"]].value
     return 0

@@ -9,7 +9,9 @@ schedules here are pure functions of the step, so the step is their whole state.
 Writing is **atomic**: the checkpoint goes to a temporary file in the same folder, is flushed to
 disk, then renamed over the old one — a crash mid-write leaves the previous checkpoint intact.
 Loading uses ``torch.load(weights_only=True)``, which unpickles tensors and plain containers
-only, never arbitrary code; a truncated or corrupt file raises a ``ValueError`` that says so.
+only, never arbitrary code. Every checkpoint carries the SHA-256 of its contents (every tensor's
+bytes and every value), checked when it is read: a truncated file, or one whose bytes changed on
+disk (a single flipped bit included), raises a ``ValueError`` that says so.
 
 A long run keeps **a folder of checkpoints**, one per saved step (``checkpoint-0000200.pt``):
 :func:`checkpoint_path` names them, :func:`list_checkpoints` finds them, :func:`prune_checkpoints`
@@ -19,6 +21,7 @@ a file cut short by a crash is reported and skipped, never trusted.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -75,6 +78,32 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _digest(state: Any) -> str:
+    """SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes, every other value's repr."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(f"{x.dtype}{tuple(x.shape)}".encode())
+            h.update(x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(x, dict):
+            h.update(b"{")
+            for key, value in x.items():
+                h.update(repr(key).encode())
+                walk(value)
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for value in x:
+                walk(value)
+            h.update(b"]")
+        else:
+            h.update(repr(x).encode())
+
+    walk(state)
+    return h.hexdigest()
+
+
 def _fsync_folder(folder: Path) -> None:
     if os.name == "posix":  # a folder cannot be opened for fsync on Windows
         fd = os.open(folder, os.O_RDONLY)
@@ -121,6 +150,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module | dict[str, Any
         "generators": {name: g.get_state() for name, g in (generators or {}).items()},
         "extra": extra or {},
     }
+    state["sha256"] = _digest(state)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -151,6 +181,10 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt): {_reason(err)}") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} checkpoint")
+    stored = state.pop("sha256", None)  # absent from checkpoints written before it was added
+    if stored is not None and _digest(state) != stored:
+        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt): its contents do not match "
+                         "the SHA-256 stored with them")
     return state
 
 
@@ -241,4 +275,6 @@ def read_latest_checkpoint(folder: str | os.PathLike,
             return read_checkpoint(path, map_location), path, skipped
         except ValueError as err:
             skipped.append(str(err))
+        except OSError as err:  # a folder where a file should be, a file deleted meanwhile
+            skipped.append(f"{path} cannot be read: {type(err).__name__}: {err.strerror or err}")
     raise FileNotFoundError(f"no readable checkpoint in {folder}: " + "; ".join(skipped))

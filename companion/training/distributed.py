@@ -4,7 +4,8 @@
   CPU, ``nccl`` on CUDA, one GPU per process), or stay a single process;
 * :func:`full_states` and :func:`load_full_states` — whole (unsharded) state dicts of a model and
   its optimizer, replicated (DDP) or sharded (FSDP2 ``fully_shard``), to save and load one file;
-* :func:`any_process` and :func:`every_process` — agree on a flag, gather a small value.
+* :func:`any_process`, :func:`every_process` and :func:`from_rank_0` — agree on a flag, gather a
+  small value, hand rank 0's value (or error) to every process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["setup", "full_states", "load_full_states", "any_process", "every_process"]
+__all__ = ["setup", "full_states", "load_full_states", "any_process", "every_process", "from_rank_0"]
 
 
 def setup(device_arg: str | None) -> tuple[int, int, torch.device]:
@@ -22,6 +23,8 @@ def setup(device_arg: str | None) -> tuple[int, int, torch.device]:
     use_cuda = torch.cuda.is_available() if device_arg is None else device_arg.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
         raise ValueError(f"--device {device_arg}: no CUDA device is available here (use --device cpu)")
+    if device_arg is not None and device_arg.startswith("mps") and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device_arg}: Apple's MPS is not available here (use --device cpu)")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1, torch.device(device_arg or ("cuda" if use_cuda else "cpu"))
@@ -76,3 +79,23 @@ def every_process(value: object, world: int) -> list:
     values = [None] * world
     dist.all_gather_object(values, value)
     return values
+
+
+def from_rank_0(compute, world: int):
+    """``compute()`` on rank 0, its result given to every process; if it raised, every process
+    raises the same error. So only rank 0 touches the disk (a checkpoint folder need not be
+    shared by the machines) and every process fails, or goes on, together."""
+    if world == 1:
+        return compute()
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [("ok", compute())]
+        except (ValueError, FileNotFoundError) as err:
+            box = [("error", err)]
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+

@@ -124,6 +124,7 @@ def train(
     progress: bool = True,
     desc: str = "train",
     on_step: Callable[[int, TrainHistory], None] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> TrainHistory:
     """Train ``model`` for ``steps`` optimizer steps and return its :class:`TrainHistory`.
 
@@ -151,6 +152,9 @@ def train(
         progress: show a progress bar with the running loss.
         on_step: called after every optimizer step with the 0-based step index and the history
             so far (a log line, a checkpoint).
+        scaler: with ``precision="fp16"``, use this gradient scaler (e.g. restored from a
+            checkpoint, so that a resumed run scales and skips steps as the uninterrupted one)
+            instead of a new one.
     """
     check_int("steps", steps, 1)
     check_int("accumulation_steps", accumulation_steps, 1)
@@ -170,7 +174,10 @@ def train(
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    if precision != "fp16":
+        scaler = None
+    elif scaler is None:
+        scaler = torch.amp.GradScaler("cuda")
     no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel: sync gradients once per step
     history = TrainHistory()
 

@@ -46,18 +46,21 @@ class StepLog:
         """Seconds since this process started training."""
         return time.perf_counter() - self.start
 
-    def __call__(self, step: int, history) -> None:
+    def __call__(self, step: int, history) -> dict | None:
+        """Print the line if step ``step`` (0-based) is due one; return its measurements (else ``None``)."""
         done = step + 1
         if done % self.every and done != self.steps:
-            return
+            return None
         now = time.perf_counter()
         rate = (done - self.last_step) * self.tokens / (now - self.last)
         elapsed = now - self.start
         eta = elapsed / (done - self.start_step) * (self.steps - done)
-        util = f"  MFU {mfu(rate, self.flops, self.peak):.1%}" if self.peak else ""
+        utilisation = mfu(rate, self.flops, self.peak) if self.peak else None
+        util = f"  MFU {utilisation:.1%}" if utilisation is not None else ""
         progress_write(f"step {done}/{self.steps}  loss {history.train_loss[-1]:.4f}  lr {history.lr[-1]:.2e}  "
                        f"{rate:,.0f} tokens/s{util}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s")
         self.last, self.last_step = now, done
+        return {"tokens_per_s": round(rate, 1), "mfu": utilisation, "eta_s": round(eta, 1)}
 
 
 class JsonLog:
