@@ -139,6 +139,30 @@ def test_hidden_states_equal_transformers(minilm, model_dir):
     assert (got.pooled - expected.pooler_output).abs().max() < 1e-5
 
 
+def test_attention_weights_equal_transformers(minilm, model_dir):
+    # The probabilities Chapter 5 reads from a real encoder: need_weights=True against transformers'
+    # output_attentions (eager attention, which materialises them), on real (unpadded) positions.
+    transformers = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model, tokenizer = minilm
+    hf = transformers.BertModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    rows = [[101, *tokenizer.encode(t), 102] for t in (BANK[2], TEXTS[2])]
+    longest = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (longest - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (longest - len(r)) for r in rows])
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask, output_attentions=True).attentions
+        model.encode(ids, attention_mask=mask, need_weights=True)
+    got = model.stack.attention_weights()
+    assert len(got) == len(expected) == 6
+    for ours, theirs in zip(got, expected):  # (batch, heads, query, key)
+        assert ours.shape == theirs.shape == (2, 12, longest, longest)
+        for b, row in enumerate(rows):
+            n = len(row)
+            assert (ours[b, :, :n, :n] - theirs[b, :, :n, :n]).abs().max() < 1e-5
+            assert torch.all(ours[b, :, :n, n:] == 0)  # padding gets no weight
+
+
 def test_sentence_embeddings_equal_sentence_transformers(minilm, model_dir):
     st = pytest.importorskip("sentence_transformers")
     logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
