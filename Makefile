@@ -6,7 +6,7 @@ NBVAL = --nbval --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout=60
 # PyTorch's and the math libraries' generic CPU kernels: another summation order, as on another CPU.
 PORTABLE_ENV = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: install book test test-portable lint check-html bench execute clean
+.PHONY: install book test test-native lint check-html bench execute scale clean
 
 install:
 	$(PIP_INSTALL)
@@ -14,14 +14,18 @@ install:
 book: install
 	jupyter-book build . -W --keep-going
 
-# Two workers (pytest-xdist): a test module or a notebook stays in one worker, its cells in order.
+# The package tests, then every notebook once, with PyTorch's and the math libraries' generic CPU
+# kernels: they sum floats in another order, as another reader's CPU would, so a stored output
+# that passes here is portable (see CONTRIBUTING.md). The package tests keep this machine's kernels
+# (torch.compile's CPU code generation does not build under the generic ones). Two workers
+# (pytest-xdist): a test module or a notebook stays in one worker, its cells in order.
 test: install
-	$(PYTHON) -m pytest tests book $(NBVAL) -n 2 --dist loadscope
-
-# The notebooks again, as a machine with other CPU kernels would run them (see CONTRIBUTING.md);
-# two notebooks at a time (each in its own kernel; a notebook's cells stay together in order).
-test-portable: install
+	$(PYTHON) -m pytest tests -n 2 --dist loadscope
 	$(PORTABLE_ENV) $(PYTHON) -m pytest book $(NBVAL) -n 2 --dist loadscope
+
+# Everything with this machine's own (fastest) kernels, in one run.
+test-native: install
+	$(PYTHON) -m pytest tests book $(NBVAL) -n 2 --dist loadscope
 
 lint:
 	$(PYTHON) -m ruff check .
@@ -40,6 +44,12 @@ bench: install
 # `make execute NB=book/01_why_transformers.ipynb`.
 execute:
 	$(PYTHON) scripts/execute_notebooks.py $(NB)
+
+# Run notebooks at another scale into _build/scale (book/ is never written) and record their
+# headline numbers in book/results/scale/ (Appendix C): `make scale SCALE=2`,
+# `make scale SCALE=4 DEVICE=cuda NB=book/10_bert.ipynb`. Default: every notebook, $$BOOK_SCALE or 2.
+scale: install
+	$(PYTHON) scripts/scale.py $(if $(SCALE),--scale $(SCALE)) $(if $(DEVICE),--device $(DEVICE)) $(NB)
 
 clean:
 	rm -rf _build

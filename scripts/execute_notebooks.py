@@ -57,6 +57,8 @@ def main() -> int:
 
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # stored outputs are the CPU ones
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    for name in ("BOOK_SCALE", "BOOK_DEVICE", "BOOK_RESULTS", "BOOK_CHAPTER"):  # stored outputs: SCALE = 1, CPU
+        os.environ.pop(name, None)
     os.environ["TQDM_DISABLE"] = "1"  # as in the test runs (conftest.py): no progress frames stored
     notebooks = args.notebooks or sorted(
         p for p in (ROOT / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts

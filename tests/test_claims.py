@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
-VERDICTS = ("holds", "holds partly", "does not hold at this scale")
+VERDICTS = ("holds", "holds partly", "does not hold at this scale", "not testable at this scale")
 CLAIM_FIELDS = {"chapter", "claim", "sources", "ref", "verdict", "scale", "seeds", "note"}
+AT_SCALE_FIELDS = {"scale", "device", "verdict", "note"}  # a recorded larger run that changes the verdict
 CHECK_FIELDS = {"chapter", "check", "sources", "ref", "note"}
 MIN_SEEDS_FOR_HOLDS = 3
 
@@ -32,7 +33,36 @@ def notebook_labels(path: Path) -> set[str]:
     return set(re.findall(r"^\(([\w-]+)\)=\s*$", text, flags=re.MULTILINE))
 
 
-def ledger_problems(ledger: dict, keys: set[str], labels: dict[str, set[str]]) -> list[str]:
+def recorded_runs() -> dict[tuple[int, str], dict[str, str]]:
+    """``(scale, device) -> {notebook: status}`` of the runs in book/results/scale/."""
+    runs = {}
+    for path in sorted((BOOK / "results" / "scale").glob("scale-*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        runs[(data["meta"]["scale"], data["meta"]["device"])] = {k: v["status"] for k, v in data["notebooks"].items()}
+    return runs
+
+
+def at_scale_problems(where: str, entry: dict, runs: dict[tuple[int, str], dict[str, str]]) -> list[str]:
+    """An ``at_scale`` list: each item a recorded run (scale > 1) of the chapter that ran to the end."""
+    items = entry["at_scale"]
+    if not isinstance(items, list) or not items:
+        return [f"{where}: at_scale must be a non-empty list"]
+    problems = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != AT_SCALE_FIELDS:
+            problems.append(f"{where}: at_scale items need exactly {sorted(AT_SCALE_FIELDS)}, got {item!r}")
+            continue
+        if item["verdict"] not in VERDICTS:
+            problems.append(f"{where}: at_scale verdict {item['verdict']!r} not in {VERDICTS}")
+        status = runs.get((item["scale"], item["device"]), {}).get(entry["chapter"])
+        if status != "ok":
+            problems.append(f"{where}: no recorded run of {entry['chapter']} at SCALE {item['scale']} on "
+                            f"{item['device']} that ran to the end (book/results/scale/; got {status!r})")
+    return problems
+
+
+def ledger_problems(ledger: dict, keys: set[str], labels: dict[str, set[str]],
+                    runs: dict[tuple[int, str], dict[str, str]] | None = None) -> list[str]:
     """Every problem of a parsed ledger, as readable lines (empty when it is sound)."""
     problems = []
     if set(ledger) != {"claims", "checks"}:
@@ -40,9 +70,13 @@ def ledger_problems(ledger: dict, keys: set[str], labels: dict[str, set[str]]) -
     for section, fields in (("claims", CLAIM_FIELDS), ("checks", CHECK_FIELDS)):
         for i, entry in enumerate(ledger[section]):
             where = f"{section}[{i}] ({entry.get('chapter')}: {str(entry.get('claim', entry.get('check')))[:50]})"
-            if set(entry) != fields:
-                problems.append(f"{where}: fields {sorted(entry)}, expected {sorted(fields)}")
+            optional = {"at_scale"} if section == "claims" else set()
+            if not fields <= set(entry) <= fields | optional:
+                problems.append(f"{where}: fields {sorted(entry)}, expected {sorted(fields)}"
+                                + (f" (optional: {sorted(optional)})" if optional else ""))
                 continue
+            if "at_scale" in entry:
+                problems += at_scale_problems(where, entry, runs or {})
             if entry["chapter"] not in labels:
                 problems.append(f"{where}: no notebook book/{entry['chapter']}.ipynb")
             elif entry["ref"] not in labels[entry["chapter"]]:
@@ -74,7 +108,7 @@ def ledger() -> dict:
 def test_the_ledger_is_sound(ledger):
     keys = bib_keys((BOOK / "references.bib").read_text(encoding="utf-8"))
     labels = {p.stem: notebook_labels(p) for p in BOOK.glob("*.ipynb")}
-    assert ledger_problems(ledger, keys, labels) == []
+    assert ledger_problems(ledger, keys, labels, recorded_runs()) == []
 
 
 def test_every_chapter_with_a_claim_is_in_the_book(ledger):
@@ -112,3 +146,16 @@ def test_the_checks_can_fail():
     assert ledger_problems({"claims": [{**good, "seeds": 1, "verdict": "holds partly"}], "checks": []}, keys,
                            labels) == []
     assert "fields" in ledger_problems({"claims": [{**good, "seed": "000 §1"}], "checks": []}, keys, labels)[0]
+    # a verdict changed by a larger run needs that run recorded, and ran to the end
+    changed = {**good, "at_scale": [{"scale": 2, "device": "cpu", "verdict": "holds partly", "note": "n"}]}
+    runs = {(2, "cpu"): {"c": "ok"}}
+    assert ledger_problems({"claims": [changed], "checks": []}, keys, labels, runs) == []
+    for runs_, item_change, message in [
+        ({}, {}, "no recorded run"),
+        ({(2, "cpu"): {"c": "AssertionError"}}, {}, "no recorded run"),
+        (runs, {"verdict": "maybe"}, "not in"),
+        (runs, {"seeds": 3}, "need exactly"),
+    ]:
+        item = {**changed["at_scale"][0], **item_change}
+        problems = ledger_problems({"claims": [{**changed, "at_scale": [item]}], "checks": []}, keys, labels, runs_)
+        assert len(problems) == 1 and message in problems[0], (item_change, problems)

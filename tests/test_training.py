@@ -304,3 +304,64 @@ def test_checkpoints_are_written_atomically_and_corruption_is_reported(tmp_path,
         load_checkpoint(tmp_path / "other.pt")
     with pytest.raises(ValueError, match="holds no optimizer state"):
         load_checkpoint(path, optimizer=torch.optim.SGD(model.parameters(), lr=1))
+
+
+def _trained_optimizer(tmp_path):
+    """A Linear trained 3 steps and its checkpoint (model + AdamW state)."""
+    from companion.training import adamw, save_checkpoint
+
+    seed_everything(0)
+    model = nn.Linear(5, 3)
+    opt = adamw(model, lr=1e-2)
+    train(model, make_problem(), steps=3, optimizer=opt, device="cpu", progress=False)
+    return save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, step=3)
+
+
+def test_optimizer_state_follows_its_parameters_device(tmp_path):
+    """The root of "Expected all tensors to be on the same device" after resuming on another
+    device: load_state_dict puts the state where the parameters are then, and a model moved
+    afterwards leaves it behind. optimizer_to_params moves it; the meta device stands in for a
+    GPU (CPU tensors can be moved to it), and the step counter stays on the CPU as in PyTorch."""
+    from companion.training import adamw, optimizer_to_params, read_checkpoint
+
+    saved = read_checkpoint(_trained_optimizer(tmp_path))["optimizer"]["state"]
+    with torch.device("meta"):
+        model = nn.Linear(5, 3)
+    opt = adamw(model, lr=1e-2)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for index, p in enumerate(params):  # CPU state for parameters that live elsewhere
+        opt.state[p] = {k: v.clone() for k, v in saved[index].items()}
+    assert all(s["exp_avg"].device.type == "cpu" for s in opt.state.values())
+    assert optimizer_to_params(opt) is opt
+    for p in params:
+        state = opt.state[p]
+        assert state["exp_avg"].device.type == state["exp_avg_sq"].device.type == "meta"
+        assert state["exp_avg"].shape == p.shape
+        assert state["step"].device.type == "cpu" and state["step"].item() == 3
+
+
+def test_a_restored_optimizer_resumes_where_the_model_trains(tmp_path):
+    """Restore, then train with the restored optimizer: its step counters go on from 3 to 5."""
+    from companion.training import adamw, load_checkpoint
+
+    path = _trained_optimizer(tmp_path)
+    model = nn.Linear(5, 3)
+    opt = adamw(model, lr=1e-2)
+    load_checkpoint(path, model=model, optimizer=opt, restore_rng=False)
+    history = train(model, make_problem(), steps=2, optimizer=opt, device="cpu", progress=False)
+    assert all(math.isfinite(x) for x in history.train_loss)
+    assert all(s["step"].item() == 5 for s in opt.state.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resuming_a_cpu_checkpoint_on_cuda_trains(tmp_path):
+    """The 13b failure: restore on the CPU, then train on CUDA with the restored optimizer."""
+    from companion.training import adamw, load_checkpoint
+
+    path = _trained_optimizer(tmp_path)
+    model = nn.Linear(5, 3)
+    opt = adamw(model, lr=1e-2)
+    load_checkpoint(path, model=model, optimizer=opt, restore_rng=False)
+    history = train(model, make_problem(), steps=2, optimizer=opt, device="cuda", progress=False)
+    assert all(math.isfinite(x) for x in history.train_loss)
+    assert all(s["exp_avg"].is_cuda for s in opt.state.values())

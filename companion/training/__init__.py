@@ -3,7 +3,7 @@
 * :mod:`~companion.training.loop` — :func:`train` (accumulation, mixed precision, clipping,
   evaluation, distributed-aware logging), :func:`evaluate`, :class:`TrainHistory`;
 * :mod:`~companion.training.optim` — :func:`adamw`, :func:`param_groups` (no decay on biases,
-  norms and embeddings);
+  norms and embeddings), :func:`optimizer_to_params` (state follows a moved model);
 * :mod:`~companion.training.schedules` — :func:`noam`, :func:`warmup_cosine_schedule`,
   :func:`warmup_linear_schedule`;
 * :mod:`~companion.training.losses` — :func:`label_smoothed_cross_entropy`,
@@ -30,7 +30,7 @@ from companion.training.checkpoint import (
 )
 from companion.training.loop import PRECISIONS, TrainHistory, evaluate, train
 from companion.training.losses import cross_entropy_loss, label_smoothed_cross_entropy, teacher_forcing_loss
-from companion.training.optim import adamw, param_groups
+from companion.training.optim import adamw, optimizer_to_params, param_groups
 from companion.training.schedules import noam, warmup_cosine_schedule, warmup_linear_schedule
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "PRECISIONS",
     "adamw",
     "param_groups",
+    "optimizer_to_params",
     "noam",
     "warmup_cosine_schedule",
     "warmup_linear_schedule",

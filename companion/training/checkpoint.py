@@ -199,7 +199,7 @@ def restore_checkpoint(state: dict[str, Any], *, model: nn.Module | None = None,
     if optimizer is not None:
         if state["optimizer"] is None:
             raise ValueError("the checkpoint holds no optimizer state")
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(state["optimizer"])  # onto the devices of the parameters
     for name, g in (generators or {}).items():
         if name not in state["generators"]:
             raise ValueError(f"the checkpoint holds no state for generator {name!r} "

@@ -32,7 +32,7 @@ from torch import nn
 
 from companion._validation import check_choice, check_int
 from companion.training.losses import cross_entropy_loss
-from companion.training.optim import adamw
+from companion.training.optim import adamw, optimizer_to_params
 from companion.utils import get_device
 from companion.utils import progress as progress_bar
 
@@ -169,6 +169,8 @@ def train(
     model.to(device).train()
     if optimizer is None:
         optimizer = adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
+    else:  # built or restored before the model moved: its state follows the parameters
+        optimizer_to_params(optimizer)
     # The schedule scales each group's *initial* rate (as torch's LR schedulers do), so a second
     # call with the same optimizer starts from the original rate, not the last scheduled one.
     for group in optimizer.param_groups:

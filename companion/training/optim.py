@@ -16,7 +16,7 @@ from torch import nn
 from companion.normalization import LayerNorm, RMSNorm
 from companion.positional import LearnedPositionalEmbedding, T5RelativePositionBias
 
-__all__ = ["param_groups", "adamw"]
+__all__ = ["param_groups", "adamw", "optimizer_to_params"]
 
 _NO_DECAY_MODULES = (nn.Embedding, LearnedPositionalEmbedding, T5RelativePositionBias, LayerNorm, RMSNorm,
                      nn.LayerNorm, nn.RMSNorm)
@@ -43,3 +43,28 @@ def adamw(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.01,
           betas: tuple[float, float] = (0.9, 0.99)) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` over :func:`param_groups` of ``model``."""
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas)
+
+
+def optimizer_to_params(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Move each parameter's optimizer state (Adam's moments, ...) onto that parameter's device.
+
+    ``optimizer.load_state_dict`` places the state where the parameters are *at load time*; a
+    model moved afterwards (restored on the CPU, then trained on a GPU) leaves it behind, and the
+    next ``optimizer.step()`` fails with "Expected all tensors to be on the same device". A scalar
+    ``step`` counter stays where PyTorch keeps it (the CPU) unless the group is ``fused`` or
+    ``capturable``, as in ``Optimizer.load_state_dict``. Returns ``optimizer``; in place.
+    """
+    for group in optimizer.param_groups:
+        on_device_step = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            for key, value in state.items():
+                if not torch.is_tensor(value) or value.device == p.device:
+                    continue
+                if key == "step" and value.dim() == 0 and not on_device_step:
+                    continue
+                state[key] = value.to(p.device)
+    return optimizer
+
