@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import torch
 import torch.distributed as dist
@@ -81,21 +82,33 @@ def every_process(value: object, world: int) -> list:
     return values
 
 
+def _sendable(err: BaseException) -> BaseException:
+    """``err`` if it survives pickling (to travel to the other processes), else a RuntimeError
+    that names it."""
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:  # an exception holding an unpicklable object (a lock, an open file)
+        return RuntimeError(f"rank 0 failed: {type(err).__name__}: {err}")
+
+
 def from_rank_0(compute, world: int):
     """``compute()`` on rank 0, its result given to every process; if it raised, every process
-    raises the same error. So only rank 0 touches the disk (a checkpoint folder need not be
-    shared by the machines) and every process fails, or goes on, together."""
+    raises (rank 0 its own error, the others the same error or a ``RuntimeError`` naming it). So
+    only rank 0 touches the disk (a checkpoint folder need not be shared by the machines) and
+    every process fails, or goes on, together: no rank is left waiting for a broadcast."""
     if world == 1:
         return compute()
-    box = [None]
+    box, own = [None], None
     if dist.get_rank() == 0:
         try:
             box = [("ok", compute())]
-        except (ValueError, FileNotFoundError) as err:
-            box = [("error", err)]
+        except Exception as err:  # any error: the other ranks must hear of it, not hang
+            own = err
+            box = [("error", _sendable(err))]
     dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "error":
-        raise value
+        raise own if own is not None else value
     return value
 
