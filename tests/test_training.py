@@ -365,3 +365,19 @@ def test_resuming_a_cpu_checkpoint_on_cuda_trains(tmp_path):
     history = train(model, make_problem(), steps=2, optimizer=opt, device="cuda", progress=False)
     assert all(math.isfinite(x) for x in history.train_loss)
     assert all(s["exp_avg"].is_cuda for s in opt.state.values())
+
+
+def test_the_mps_generator_is_saved_and_restored(monkeypatch):
+    """On Apple silicon, dropout draws from the MPS generator: a resumed run must restore it too.
+    Simulated here (no MPS on this machine): the state goes through rng_states and back."""
+    from companion.training import checkpoint
+
+    saved = {"state": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(checkpoint, "_mps_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda: saved["state"].clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda state: saved.update(state=state.clone()))
+    states = checkpoint.rng_states()
+    assert torch.equal(states["mps"], torch.tensor([1, 2, 3], dtype=torch.uint8))
+    saved["state"] = torch.tensor([9, 9, 9], dtype=torch.uint8)  # the generator moves on
+    checkpoint.set_rng_states(states)
+    assert torch.equal(saved["state"], torch.tensor([1, 2, 3], dtype=torch.uint8))

@@ -55,7 +55,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def rng_states() -> dict[str, Any]:
-    """The states of Python's, NumPy's and PyTorch's global generators (CPU, and CUDA if present)."""
+    """The states of Python's, NumPy's and PyTorch's global generators (CPU, and CUDA or Apple's
+    MPS if present: dropout on a GPU draws from the GPU's generator)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
         "python": random.getstate(),
@@ -64,7 +65,13 @@ def rng_states() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
+    if _mps_available():
+        states["mps"] = torch.mps.get_rng_state()
     return states
+
+
+def _mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
@@ -76,6 +83,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+    if "mps" in states and _mps_available():
+        torch.mps.set_rng_state(states["mps"])
 
 
 def _digest(state: Any) -> str:
