@@ -126,7 +126,7 @@ def render(results: dict) -> str:
         f"# The book at SCALE {head['scale']} on {head['device']}",
         "",
         f"Machine: {head['machine']}; torch {head['torch']}; {head['date']}.",
-        f"Command: `{head['command']}`",
+        f"Command: `{head['command']}`" + (f" ({head['note']})" if head.get("note") else ""),
         "",
         "| notebook | status | seconds | headline numbers |",
         "|---|---|---|---|",
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=("kernel", "script"), default="kernel")
     parser.add_argument("--scratch", type=Path, default=ROOT / "_build" / "scale")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the results files")
+    parser.add_argument("--note", default="", help="a note recorded with the run (e.g. 'two notebooks at a time')")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell (kernel) or notebook (script)")
     args = parser.parse_args(argv)
     if args.scale < 1:
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"] = {
         "scale": args.scale, "device": device, "machine": machine(), "torch": torch.__version__,
         "date": dt.date.today().isoformat(), "command": "python scripts/scale.py " + " ".join(argv or sys.argv[1:]),
+        "note": args.note,
     }
     for path in notebooks:
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as tmp:
