@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: interleaved timing and Markdown tables."""
+"""Helpers shared by the benchmarks: interleaved timing, the status of a ratio against its target, Markdown tables."""
 
 from __future__ import annotations
 
@@ -17,6 +17,40 @@ from companion.profiling import synchronize  # noqa: E402
 # A benchmark's exit status when its table shows a missed target: a result, which run_all records,
 # unlike a crash (status 1), after which it keeps the committed table.
 TARGET_MISSED = 3
+
+# How far past its target a ratio must be for "ok": separate runs of one benchmark on one machine
+# move a ratio by about this much. Ten runs of benchmarks/gpt.py on one 2-core machine put the KV
+# cache's ratio between 8.5x and 11.8x at width 256 (median 9.6x) and between 5.2x and 6.4x at
+# width 128 (median 5.3x), up to about 20% from the median; its training ratio moved between 1.1x
+# and 1.5x over runs on two machines. A median that meets its target by less than this is "borderline".
+BORDERLINE_MARGIN = 0.2
+# The statuses that meet a target; anything else in a status column is a miss ("BELOW", "OVER")
+# or a wrong result ("NO"). "-" (no target) and "(...)" (an information row) are neither.
+MET = ("ok", "borderline")
+
+
+def status(value: float, target: float, *, higher_is_better: bool = True, worst: float | None = None) -> str:
+    """The status of a measured ratio against its target: "ok", "borderline", or a miss.
+
+    A miss is "BELOW" for a target the value must reach (``higher_is_better``, e.g. a speed-up of
+    ``>= 5x``) and "OVER" for one it must stay under (e.g. a time ratio of ``<= 1.10x``). A value
+    that meets its target by less than :data:`BORDERLINE_MARGIN` (20%) is "borderline", not "ok":
+    separate runs move a ratio by about that much, so the next run could miss. The margin is a
+    factor, applied the same way in both directions (``value < target * 1.2`` and
+    ``value > target / 1.2`` are borderline), so a time ratio and the speed ratio that is its
+    inverse get the same status. ``worst`` is the least favourable of the rounds behind a median:
+    a round that misses the target makes a met median "borderline" too. Borderline is not a miss.
+    """
+    factor = 1 + BORDERLINE_MARGIN
+    if higher_is_better:
+        if value < target:
+            return "BELOW"
+        close = value < target * factor or (worst is not None and worst < target)
+    else:
+        if value > target:
+            return "OVER"
+        close = value > target / factor or (worst is not None and worst > target)
+    return "borderline" if close else "ok"
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:

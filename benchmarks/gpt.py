@@ -29,9 +29,13 @@ Three ratios, each against a reference measured in the same run, on the same wei
    and at the default count (the uncached step's matrix products spread over the threads; the
    cached step's small operations gain little).
 
-Exit status: 0; 3 (``common.TARGET_MISSED``) when a target is missed (a result: ``run_all``
-records the table); 1 when the two sides of a comparison disagree (different tokens: a bug, not a
-result); anything else is a crash.
+Every row with a target, these and the GPT-2 small ones on a GPU (``gpt2_small.py``), gets its
+status from ``common.status``: "ok", "borderline" (the target met by less than
+``common.BORDERLINE_MARGIN``, 20%) or "BELOW".
+
+Exit status: 0, borderline rows included; 3 (``common.TARGET_MISSED``) when a target is missed (a
+result: ``run_all`` records the table); 1 when the two sides of a comparison disagree (different
+tokens: a bug, not a result); anything else is a crash.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from common import TARGET_MISSED, compare, rounds, table
+from common import MET, TARGET_MISSED, compare, rounds, status, table
 
 from companion.config import ModelConfig
 from companion.generation import generate
@@ -56,9 +60,6 @@ from companion.utils import count_parameters, get_device, seed_everything
 CACHE_TARGET = {"d_model": 256, "n_heads": 8}
 CACHE_CONTROL = {**CACHE_TARGET, "d_ff": 1}  # the same without the FFN's arithmetic, for information
 CACHE_INFO = {"d_model": 128, "n_heads": 4}  # the other rows' width, for information
-# The KV ratio moved by about ±10% between separate runs on one machine at width 128, and by
-# about ±15% at width 256 (Appendix B): a median within 20% of the target is "borderline", not "ok".
-BORDERLINE = 1.2
 
 
 def hf_gpt2(config: ModelConfig, device: torch.device):
@@ -102,7 +103,7 @@ def bench_training(device: torch.device, quick: bool) -> list[str]:
     tokens = batch * seq
     ratio = res["hf"] / res["ours"]
     return ["training tokens/s vs GPT2LMHeadModel", f"{tokens / res['ours']:,.0f}", f"{tokens / res['hf']:,.0f}",
-            f"{ratio:.2f}x", ">= 1.0x", "ok" if ratio >= 1.0 else "BELOW"]
+            f"{ratio:.2f}x", ">= 1.0x", status(ratio, 1.0)]
 
 
 def bench_generation_vs_hf(device: torch.device, quick: bool) -> list[str]:
@@ -125,7 +126,7 @@ def bench_generation_vs_hf(device: torch.device, quick: bool) -> list[str]:
     ratio = res["hf"] / res["ours"]
     return [f"greedy tokens/s vs HF generate ({new} new, same tokens: {'yes' if same else 'NO'})",
             f"{new / res['ours']:,.0f}", f"{new / res['hf']:,.0f}", f"{ratio:.2f}x", ">= 1.0x",
-            "NO" if not same else "ok" if ratio >= 1.0 else "BELOW"]
+            "NO" if not same else status(ratio, 1.0)]
 
 
 def cache_model(device: torch.device, shape: dict[str, int]) -> GPT:
@@ -153,17 +154,17 @@ def bench_cache(device: torch.device, quick: bool, shape: dict[str, int] = CACHE
     per_round = [none / cache for cache, none in zip(times["cache"], times["none"])]  # the ratio's spread
     target = shape == CACHE_TARGET
     if not same:
-        status = "NO"
+        verdict = "NO"
     elif quick:  # the target is for 256 new tokens, not the smoke test's 64
-        status = "-"
+        verdict = "-"
     else:  # borderline: the median meets the target by less than separate runs have moved it, or a round misses
-        status = "BELOW" if ratio < 5 else "borderline" if ratio < 5 * BORDERLINE or min(per_round) < 5 else "ok"
-        status = status if target else f"({status})"  # an information row: what the rule would say
+        verdict = status(ratio, 5, worst=min(per_round))
+        verdict = verdict if target else f"({verdict})"  # an information row: what the rule would say
     name = f"d_model={shape['d_model']}, {shape['n_heads']} heads"
     name += f", d_ff={shape['d_ff']}" if "d_ff" in shape else ""
     return [f"greedy tokens/s, KV cache vs none, {name} ({new} new, same tokens: {'yes' if same else 'NO'})",
             f"{new / res['cache']:,.0f}", f"{new / res['none']:,.0f}",
-            f"{ratio:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})", ">= 5x" if target else "(info)", status]
+            f"{ratio:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})", ">= 5x" if target else "(info)", verdict]
 
 
 def bare_step_ms(device: torch.device, shape: dict[str, int] = CACHE_INFO, new: int = 256) -> tuple[float, float]:
@@ -236,11 +237,6 @@ def per_thread_ms(device: torch.device, shape: dict[str, int], new: int = 256
     return out
 
 
-def verdict(value: float, target: float) -> str:
-    """"ok", "borderline" (the target met by less than the 20% separate runs can move a ratio) or "BELOW"."""
-    return "BELOW" if value < target else "borderline" if value < target * BORDERLINE else "ok"
-
-
 def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     """Print the GPT-2 small tables (:mod:`gpt2_small`); return their target rows (status last)."""
     from gpt2_small import GPU_SHAPES, QUICK_SHAPES, bench_decoding, bench_training, model_config
@@ -263,9 +259,9 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     ours = [r for r in rows if r[0].startswith("ours:") and not r[1].startswith("failed")]
     best = min(ours, key=lambda r: float(r[1]))
     targets = [["training: ours eager vs HF eager (fused AdamW both)", f"{eager:.2f}x", ">= 1.5x",
-                "-" if quick else verdict(eager, 1.5)],
+                "-" if quick else status(eager, 1.5)],
                [f"training: MFU of ours ({best[0][6:]})", best[3], ">= 45%",
-                "-" if quick or not peak else verdict(float(best[3].rstrip("%")), 45)]]
+                "-" if quick or not peak else status(float(best[3].rstrip("%")), 45)]]
     if profile_rows:
         table("Where a compiled training step of ours spends its GPU time (torch.profiler, 3 steps)",
               ["kernels", "ms per step", "share of the step"], profile_rows)
@@ -280,9 +276,9 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     fast_ratio = float(fast[2].rstrip("x")) if fast[2].endswith("x") else 0.0
     step_ratio = float(step[2].rstrip("x"))
     targets += [[f"decoding: CompiledGenerator vs HF generate (same tokens: {fast[3]})", fast[2], ">= 3x",
-                 "NO" if fast[3] != "yes" else "-" if quick else verdict(fast_ratio, 3)],
+                 "NO" if fast[3] != "yes" else "-" if quick else status(fast_ratio, 3)],
                 [f"decoding: cached vs uncached step at a {prefix}-token prefix", step[2], ">= 5x",
-                 "-" if quick else verdict(step_ratio, 5)]]
+                 "-" if quick else status(step_ratio, 5)]]
     static = next(r for r in decoding if r[0].startswith("HF generate (static"))
     if static[2].endswith("x") and fast_ratio:  # like with like, for information
         targets.append(["decoding: CompiledGenerator vs HF generate with its static cache",
@@ -324,7 +320,7 @@ def main() -> int:
         print("\nThe two sides of a comparison chose different tokens: a bug, not a result.", file=sys.stderr)
         return 1
     # "-": no target; "(...)": an information row
-    return 0 if all(r[-1] in ("ok", "borderline", "-") or r[-1].startswith("(") for r in rows) else TARGET_MISSED
+    return 0 if all(r[-1] in (*MET, "-") or r[-1].startswith("(") for r in rows) else TARGET_MISSED
 
 
 if __name__ == "__main__":
