@@ -27,7 +27,11 @@ Three ratios, each against a reference measured in the same run, on the same wei
    which separates the package's Python overhead from the kernels' (see Appendix B); the last
    lines time the cached and uncached steps of the target's and the width-128 models at one thread
    and at the default count (the uncached step's matrix products spread over the threads; the
-   cached step's small operations gain little).
+   cached step's small operations gain little). On the CPU a final line measures how fast weights
+   reach one core from a working set that fits the cache and from one that does not: a cached step
+   reads every weight once per token, so whether the model's weights fit the last-level cache the
+   machine gives the process (virtual machines share it with their neighbours) moves the KV cache
+   ratio more than anything in the code.
 
 Every row with a target, these and the GPT-2 small ones on a GPU (``gpt2_small.py``), gets its
 status from ``common.status``: "ok", "borderline" (the target met by less than
@@ -44,6 +48,7 @@ import argparse
 import logging
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -287,6 +292,31 @@ def gpt2_small_tables(device: torch.device, quick: bool) -> list[list[str]]:
     return targets
 
 
+def weight_stream_gbs(megabytes: int, d: int = 256, repeats: int = 2000) -> float:
+    """GB/s at which one thread applies ``(1, d)`` rows to weights totalling ``megabytes`` MiB, 1 MiB each.
+
+    A cached greedy step multiplies one row by every weight matrix of the model: it reads each weight
+    once per token, so its speed is the rate at which the weights reach the core. Cycling through
+    1 MiB matrices, a working set that fits the last-level cache the machine gives this process runs
+    at cache speed; a larger one at memory speed. Virtual machines share that cache with their neighbours.
+    """
+    x = torch.randn(1, d)
+    ws = [torch.randn(1024 * 1024 // (4 * d), d) for _ in range(megabytes)]
+    for w in ws:
+        F.linear(x, w)
+    n = repeats // megabytes * megabytes
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            F.linear(x, ws[i % megabytes])
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(default)
+    return n * 1024 * 1024 / seconds / 1e9
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
@@ -314,6 +344,12 @@ def main() -> int:
                       f"{'s' if threads > 1 else ''}: a cached step "
                       f"{cached:.2f} ms, an uncached one {uncached:.2f} ms "
                       f"(KV cache vs none {uncached / cached:.1f}x).")
+        weights_mb = sum(p.numel() * p.element_size() for p in cache_model(device, CACHE_TARGET).parameters()) / 2**20
+        small, large = weight_stream_gbs(2), weight_stream_gbs(16)
+        print(f"Weights reach one core at {small:.0f} GB/s from a 2 MiB working set and {large:.0f} GB/s from "
+              f"16 MiB (1-row matrix products): the d_model=256 model's {weights_mb:.0f} MiB of weights "
+              f"{'fit the cache this machine gives us' if large > 0.5 * small else 'come from memory'}, "
+              "and a cached step, which reads them all per token, runs at that speed.")
     if device.type == "cuda" or args.quick:
         rows += gpt2_small_tables(device, args.quick)
     if any(r[-1] == "NO" for r in rows):
