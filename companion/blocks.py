@@ -40,10 +40,11 @@ def _norm(config: ModelConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
 
 
-def _attention(config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding | None) -> MultiHeadAttention:
+def _attention(config: ModelConfig, layer_idx: int, rotary: RotaryEmbedding | None,
+               sliding_window: int | None = None) -> MultiHeadAttention:
     return MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, config.dropout, config.bias,
                               head_dim=config.head_dim, scale=config.attention_scale, rotary=rotary,
-                              layer_idx=layer_idx)
+                              layer_idx=layer_idx, sliding_window=sliding_window)
 
 
 class Block(nn.Module):
@@ -54,16 +55,20 @@ class Block(nn.Module):
         cross_attention: add cross-attention to ``memory`` (the decoder of an encoder-decoder).
         layer_idx: this block's slot in a :class:`~companion.attention.KVCache`.
         rotary: the stack's RoPE hook (``Positions.rotary``), or None.
+        sliding_window: keys seen by each query of the causal self-attention
+            (``config.sliding_window`` in a decoder stack), or None; the block must then be called
+            with ``causal=True``.
 
     After a call with ``need_weights=True`` the attention weights ``(batch, heads, q_len,
     k_len)`` are in :attr:`self_weights` and :attr:`cross_weights`.
     """
 
     def __init__(self, config: ModelConfig, *, cross_attention: bool = False, layer_idx: int = 0,
-                 rotary: RotaryEmbedding | None = None) -> None:
+                 rotary: RotaryEmbedding | None = None,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         self.pre, self.residual = config.norm_position == "pre", config.residual
-        self.self_attn = _attention(config, layer_idx, rotary)
+        self.self_attn = _attention(config, layer_idx, rotary, sliding_window)
         self.self_norm = _norm(config)
         self.cross_attn = _attention(config, layer_idx, None) if cross_attention else None
         self.cross_norm = _norm(config) if cross_attention else None
@@ -143,7 +148,8 @@ class Stack(nn.Module):
         self.embedding_norm = _norm(config) if config.embedding_norm else None
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
-            Block(config, cross_attention=cross_attention, layer_idx=i, rotary=self.positions.rotary)
+            Block(config, cross_attention=cross_attention, layer_idx=i, rotary=self.positions.rotary,
+                  sliding_window=config.sliding_window if causal else None)  # encoders see the whole input
             for i in range(n_layers)
         )
         self.norm = _norm(config) if config.resolved_final_norm else None

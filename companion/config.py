@@ -14,6 +14,12 @@ Sizes follow the book's names: ``d_model`` (width), ``n_heads`` and ``n_kv_heads
 key/value heads), ``head_dim`` (per-head width, ``d_model / n_heads`` unless set), ``d_ff`` (the
 FFN's hidden width), ``max_len`` (longest sequence with a learned position; the KV cache's
 default length).
+
+Two fields serve long sequences (Chapter 14): ``sliding_window`` limits each query of a decoder
+to its last ``sliding_window`` keys (Mistral's local attention), and ``rope_scaling`` stretches
+RoPE beyond the length it was trained on (:class:`RopeScaling`)::
+
+    config = ModelConfig.preset("llama-tiny", sliding_window=64, rope_scaling={"rope_type": "linear", "factor": 4})
 """
 
 from __future__ import annotations
@@ -23,12 +29,44 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["POSITIONS", "NORMS", "NORM_POSITIONS", "FFNS", "ModelConfig"]
+__all__ = ["POSITIONS", "NORMS", "NORM_POSITIONS", "FFNS", "ROPE_TYPES", "RopeScaling", "ModelConfig"]
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 FFNS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+ROPE_TYPES = ("linear", "dynamic")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE reaches positions beyond ``max_len``, the length it was trained on.
+
+    Written as Hugging Face writes it, ``{"rope_type": ..., "factor": ...}``, which
+    :class:`ModelConfig` turns into this frozen (hashable) form. Both kinds are implemented in
+    :class:`companion.positional.RotaryEmbedding`:
+
+    * ``"linear"`` — position interpolation (Chen et al., 2023): positions are divided by
+      ``factor``, so ``factor · max_len`` positions span the angles that ``max_len`` did.
+    * ``"dynamic"`` — dynamic NTK scaling: up to ``max_len`` tokens RoPE is unchanged; a longer
+      sequence of ``seq`` tokens rotates with the larger base
+      ``base · (factor · seq / max_len − (factor − 1))^(head_dim / (head_dim − 2))``.
+
+    Args:
+        rope_type: ``"linear"`` or ``"dynamic"``.
+        factor: the stretch, ``>= 1``.
+    """
+
+    rope_type: str
+    factor: float
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_scaling's rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        factor = self.factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < math.inf:
+            raise ValueError(f"rope_scaling's factor must be a finite number >= 1, got {factor!r}")
+        object.__setattr__(self, "factor", float(factor))
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,15 @@ class ModelConfig:
         residual: keep the skip connections (False only for Chapter 8's experiment).
         attention_scale: factor on ``q·kᵀ``; None = ``1/√head_dim`` (T5 uses 1.0).
         rope_base: RoPE's wavelength scale θ.
+        rope_scaling: None, or how RoPE stretches beyond ``max_len``: a :class:`RopeScaling` or
+            the dict ``{"rope_type": "linear" | "dynamic", "factor": f}`` (stored as a
+            :class:`RopeScaling`); needs ``position="rope"``.
+        sliding_window: None (full attention), or the number of keys each query of a causal
+            (decoder) self-attention sees: itself and the ``sliding_window − 1`` before it, i.e.
+            query ``p`` sees keys ``p − sliding_window + 1 … p``. This is Hugging Face Mistral's
+            ``sliding_window`` (key ``j`` is seen when ``p − j < sliding_window``), and
+            :func:`companion.attention.sliding_window_mask` with ``window = sliding_window − 1``
+            (whose ``window`` counts the keys *before* the query). Encoders ignore it.
         t5_num_buckets, t5_max_distance: T5's relative-position buckets.
         init_std: standard deviation of the normal initialisation of projections and
             embeddings (GPT-2: 0.02); None keeps PyTorch's defaults. Note that with
@@ -105,11 +152,13 @@ class ModelConfig:
     pad_id: int = 0
     embedding_norm: bool = False
     type_vocab_size: int = 0
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "t5_num_buckets", "t5_max_distance"):
             _positive_int(name, getattr(self, name))
-        for name in ("n_kv_heads", "head_dim", "d_ff", "tgt_vocab_size", "n_decoder_layers"):
+        for name in ("n_kv_heads", "head_dim", "d_ff", "tgt_vocab_size", "n_decoder_layers", "sliding_window"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         for name, choices in (("position", POSITIONS), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
@@ -149,6 +198,13 @@ class ModelConfig:
             raise ValueError(f"t5_num_buckets must be >= 4 and t5_max_distance must exceed t5_num_buckets // 2 "
                              f"(the exact buckets), got t5_num_buckets={self.t5_num_buckets}, "
                              f"t5_max_distance={self.t5_max_distance}")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
+            if self.position != "rope":
+                raise ValueError(f"rope_scaling needs position='rope', got position={self.position!r}")
+            if self.rope_scaling.rope_type == "dynamic" and self.resolved_head_dim < 4:
+                raise ValueError(f"rope_scaling 'dynamic' needs head_dim >= 4 (its exponent is "
+                                 f"head_dim / (head_dim - 2)), got {self.resolved_head_dim}")
 
     # ----------------------------------------------------------------------------- derived sizes
 
@@ -204,6 +260,16 @@ class ModelConfig:
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _rope_scaling(value: object) -> RopeScaling:
+    # a RopeScaling, or the dict {"rope_type": ..., "factor": ...} Hugging Face writes
+    if isinstance(value, RopeScaling):
+        return value
+    if not isinstance(value, dict) or set(value) != {"rope_type", "factor"}:
+        raise ValueError(f"rope_scaling must be None, a RopeScaling or a dict with the keys 'rope_type' and "
+                         f"'factor', got {value!r}")
+    return RopeScaling(value["rope_type"], value["factor"])
 
 
 def _positive_float(name: str, value: object) -> None:

@@ -15,7 +15,9 @@ Applied inside every attention layer (relative):
 
 * :class:`RotaryEmbedding` (RoPE, Su et al., 2021) — rotates each 2-D pair of query and key
   features by an angle proportional to the position, so ``q_m · k_n`` depends on ``m - n`` only.
-  It is the ``rotary`` hook of :class:`companion.attention.MultiHeadAttention`.
+  It is the ``rotary`` hook of :class:`companion.attention.MultiHeadAttention`. Its ``scaling``
+  stretches it past the trained length: position interpolation (``"linear"``, Chen et al., 2023)
+  or dynamic NTK scaling (``"dynamic"``).
 * :func:`alibi_bias` (ALiBi, Press et al., 2022) — a fixed additive penalty ``-m_h · |i - j|``
   on the scores, with one slope ``m_h`` per head (:func:`alibi_slopes`).
 * :class:`T5RelativePositionBias` (Raffel et al., 2020) — a learned scalar per head and per
@@ -266,34 +268,72 @@ class RotaryEmbedding(nn.Module):
     ``R_mᵀ R_n = R_{n−m}``, the score ``(R_m q) · (R_n k) = q · R_{n−m} k`` depends on the offset
     only, and rotations preserve norms. No parameters are learned.
 
+    A model trained on ``max_len`` tokens has never seen the angles of later positions.
+    ``scaling`` keeps them in (or near) the trained range, as Hugging Face's ``rope_type``:
+
+    * ``"linear"`` — position interpolation (Chen et al., 2023): ``θ_i / factor``, i.e. position
+      ``m`` is rotated as ``m / factor`` was, so ``factor · max_len`` positions fit the trained
+      angles (at the price of finer offsets the model has to tell apart).
+    * ``"dynamic"`` — dynamic NTK scaling: sequences of up to ``max_len`` tokens are rotated as
+      without scaling; a call whose largest position is ``seq − 1 >= max_len`` uses the base
+      ``base · (factor · seq / max_len − (factor − 1))^(head_dim / (head_dim − 2))``, which slows
+      the low frequencies most and leaves the fastest pair (``i = 0``) unchanged. The base is
+      computed from the positions *of the call* (on the device, without a host sync): with a KV
+      cache the cached keys keep the rotation of the step that wrote them, as in Hugging Face.
+
     Args:
         head_dim: per-head width, even.
         base: the wavelength scale; 10000 as in RoFormer and LLaMA.
         interleaved: pair features ``(2i, 2i+1)`` (RoFormer, Meta's LLaMA) instead of
             ``(i, i + head_dim/2)`` (HF LLaMA, the default). See :func:`rotary_permutation`.
+        scaling: None, ``"linear"`` or ``"dynamic"``.
+        factor: the stretch of ``scaling``, ``>= 1``.
+        max_len: the trained length, which ``"dynamic"`` needs.
 
-    Call it as ``rope(x, positions)`` with ``x`` ``(batch, heads, seq, head_dim)``.
+    Call it as ``rope(x, positions)`` with ``x`` ``(batch, heads, seq, head_dim)``::
+
+        rope = RotaryEmbedding(64, scaling="linear", factor=4.0)   # 4x the trained context
     """
 
     inv_freq: Tensor
 
-    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False, *,
+                 scaling: str | None = None, factor: float = 1.0, max_len: int | None = None) -> None:
         super().__init__()
         self.head_dim = _check_even("head_dim", head_dim)
         self.base = check_positive_float("base", base)
         if not isinstance(interleaved, bool):
             raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
-        self.interleaved = interleaved
+        if scaling not in (None, "linear", "dynamic"):
+            raise ValueError(f"scaling must be None, 'linear' or 'dynamic', got {scaling!r}")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < math.inf:
+            raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
+        if scaling == "dynamic":
+            check_int("max_len", max_len, 1)
+            check_int("head_dim", head_dim, 4)  # the exponent head_dim / (head_dim - 2)
+        self.interleaved, self.scaling, self.factor, self.max_len = interleaved, scaling, float(factor), max_len
         # θ_i = 1 / base^(2i/d), written as HF LLaMA writes it so the float32 values agree bit for bit
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (head_dim/2,)
+        if scaling == "linear":
+            inv_freq = inv_freq / factor  # θ_i / factor: the same angles as positions / factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base:g}, interleaved={self.interleaved}"
+        scaling = f", scaling={self.scaling!r}, factor={self.factor:g}" if self.scaling else ""
+        return f"head_dim={self.head_dim}, base={self.base:g}, interleaved={self.interleaved}{scaling}"
 
     def angles(self, positions: Tensor) -> Tensor:
         """The rotation angles ``m · θ_i``: positions ``(...)`` -> ``(..., head_dim/2)`` (float32)."""
-        return positions.to(device=self.inv_freq.device, dtype=torch.float32)[..., None] * self.inv_freq
+        positions = positions.to(device=self.inv_freq.device, dtype=torch.float32)
+        inv_freq = self.inv_freq
+        if self.scaling == "dynamic" and positions.numel():
+            # seq = largest position + 1, never below max_len (where the formula gives the base itself)
+            seq = (positions.max() + 1).clamp(min=self.max_len)
+            base = self.base * (self.factor * seq / self.max_len - (self.factor - 1)) ** (
+                self.head_dim / (self.head_dim - 2))
+            exponents = torch.arange(0, self.head_dim, 2, device=inv_freq.device, dtype=torch.float32) / self.head_dim
+            inv_freq = 1.0 / base**exponents
+        return positions[..., None] * inv_freq
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """Rotate ``x`` to its positions.
@@ -514,7 +554,10 @@ class Positions(nn.Module):
         elif self.kind == "sinusoidal":
             self.table = SinusoidalPositionalEncoding(config.d_model, config.max_len)
         elif self.kind == "rope":
-            self.rotary = RotaryEmbedding(config.resolved_head_dim, base=config.rope_base)
+            scaling = config.rope_scaling  # a companion.config.RopeScaling or None
+            kind, factor = (scaling.rope_type, scaling.factor) if scaling is not None else (None, 1.0)
+            self.rotary = RotaryEmbedding(config.resolved_head_dim, base=config.rope_base, scaling=kind,
+                                          factor=factor, max_len=config.max_len)
         elif self.kind == "t5":
             self.t5 = T5RelativePositionBias(config.n_heads, config.t5_num_buckets, config.t5_max_distance,
                                              bidirectional=not causal)

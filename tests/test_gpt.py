@@ -207,7 +207,7 @@ def test_from_hf_refuses_what_it_cannot_convert():
         GPT.from_hf(_hf_gpt2(scale_attn_by_inverse_layer_idx=True))
     with pytest.raises(ValueError, match="hidden_act"):
         GPT.from_hf(_hf_llama(hidden_act="gelu"))
-    with pytest.raises(TypeError, match="GPT2LMHeadModel or LlamaForCausalLM"):
+    with pytest.raises(TypeError, match="GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM"):
         GPT.from_hf(torch.nn.Linear(2, 2))
 
 

@@ -14,7 +14,20 @@ The whole package is one equation (Vaswani et al., 2017, eq. 1) and the plumbing
   generation, :class:`StaticKVCache`, the same with fixed shapes for a compiled step, and
   :func:`kv_cache_bytes`.
 * :mod:`~companion.attention.multi_head` — :class:`MultiHeadAttention`: projections, heads,
-  grouped-query and multi-query attention, the cache, the rotary hook.
+  grouped-query and multi-query attention, the cache, the rotary hook, a sliding window.
+
+For long sequences (Chapter 14), each checked against the dense equation:
+
+* :mod:`~companion.attention.tiled` — :func:`tiled_attention`, exact attention block by block with
+  the online softmax (the FlashAttention algorithm), O(L) memory for the backward pass.
+* :mod:`~companion.attention.local` — :func:`sliding_window_attention`, local attention in O(L·window)
+  memory, and :func:`global_local_attention`, Longformer's local window plus global tokens.
+* :mod:`~companion.attention.rolling_cache` — :class:`RollingKVCache`, a ring of ``window + 1`` slots
+  for sliding-window decoding (memory O(window)).
+* :mod:`~companion.attention.linformer` — :class:`LinformerAttention`, keys and values projected to
+  ``k`` rows along the sequence.
+* :mod:`~companion.attention.performer` — :func:`performer_attention` with FAVOR+ random features
+  (:func:`favor_features`, :func:`orthogonal_random_features`).
 
 Shapes use ``batch``, ``heads`` (query heads), ``kv_heads``, ``q_len``/``k_len`` (lengths of queries
 and of keys/values) and ``head_dim`` (the per-head width, d_k in the paper).
@@ -22,8 +35,13 @@ and of keys/values) and ``head_dim`` (the per-head width, d_k in the paper).
 
 from companion.attention.functional import fused_attention, scaled_dot_product_attention
 from companion.attention.kv_cache import KVCache, StaticKVCache, kv_cache_bytes
+from companion.attention.linformer import LinformerAttention
+from companion.attention.local import global_local_attention, sliding_window_attention
 from companion.attention.masks import causal_mask, combine_masks, mask_to_bias, padding_mask, sliding_window_mask
 from companion.attention.multi_head import MultiHeadAttention
+from companion.attention.performer import favor_features, orthogonal_random_features, performer_attention
+from companion.attention.rolling_cache import RollingKVCache
+from companion.attention.tiled import tiled_attention
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -37,4 +55,12 @@ __all__ = [
     "KVCache",
     "StaticKVCache",
     "kv_cache_bytes",
+    "tiled_attention",
+    "sliding_window_attention",
+    "global_local_attention",
+    "RollingKVCache",
+    "LinformerAttention",
+    "performer_attention",
+    "favor_features",
+    "orthogonal_random_features",
 ]

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from companion.attention._checks import check_length, check_mask_and_bias, check_probability, check_scale, check_tensor
 from companion.attention.functional import _sdpa, scaled_dot_product_attention
 from companion.attention.kv_cache import KVCache, StaticKVCache
-from companion.attention.masks import causal_mask, combine_masks
+from companion.attention.masks import causal_mask, combine_masks, sliding_window_mask
 
 __all__ = ["MultiHeadAttention"]
 
@@ -51,11 +51,18 @@ class MultiHeadAttention(nn.Module):
             and ``positions`` a LongTensor ``(seq,)`` or ``(batch, seq)`` of absolute positions.
             Applied in self-attention only (positions of two different sequences do not compare).
         layer_idx: which slot of a :class:`KVCache` this layer uses.
+        sliding_window: causal local attention (Mistral, Jiang et al., 2023): with ``causal=True``
+            each query sees only the last ``sliding_window`` keys, itself included — query ``p``
+            sees keys ``p − sliding_window + 1 … p`` (Hugging Face's ``sliding_window``). That is
+            :func:`~companion.attention.sliding_window_mask` with ``window = sliding_window − 1``,
+            whose ``window`` counts the keys *before* the query. Self-attention only; None = every
+            earlier key.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
                  bias: bool = True, *, head_dim: int | None = None, scale: float | None = None,
-                 rotary: RotaryFn | None = None, layer_idx: int = 0) -> None:
+                 rotary: RotaryFn | None = None, layer_idx: int = 0,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         check_length("d_model", d_model)
         check_length("n_heads", n_heads)
@@ -75,6 +82,7 @@ class MultiHeadAttention(nn.Module):
         self.scale = check_scale(scale)
         self.rotary = rotary
         self.layer_idx = check_length("layer_idx", layer_idx, minimum=0)
+        self.sliding_window = None if sliding_window is None else check_length("sliding_window", sliding_window)
         self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
         self.reset_parameters()
@@ -88,8 +96,9 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(lin.bias)
 
     def extra_repr(self) -> str:
+        window = f", sliding_window={self.sliding_window}" if self.sliding_window is not None else ""
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, dropout={self.dropout}")
+                f"head_dim={self.head_dim}, dropout={self.dropout}{window}")
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -126,7 +135,7 @@ class MultiHeadAttention(nn.Module):
         b, hkv, s, d = t.shape
         return t[:, :, None].expand(b, hkv, group, s, d).reshape(b, hkv * group, s, d)
 
-    def _check_inputs(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> None:
+    def _check_inputs(self, x: Tensor, context: Tensor | None, cache: KVCache | None, causal: bool) -> None:
         check_tensor("x", x)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, seq, d_model={self.d_model}), got {tuple(x.shape)}")
@@ -139,6 +148,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"cache must be a KVCache, a StaticKVCache or None, got {type(cache).__name__}")
         if isinstance(cache, StaticKVCache) and context is not None:
             raise TypeError("a StaticKVCache serves self-attention only; cache cross-attention with a KVCache")
+        if self.sliding_window is not None and (context is not None or not causal):
+            raise ValueError(f"this layer has sliding_window={self.sliding_window} (causal local self-attention): "
+                             "call it with causal=True and no context")
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, bias: Tensor | None = None,
                 cache: KVCache | StaticKVCache | None = None, need_weights: bool = False, *, causal: bool = False,
@@ -161,7 +173,8 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the per-head weights ``(batch, heads, q_len, k_len)``;
                 this takes the explicit path. Otherwise the fused kernel runs (same output to
                 ~1e-6 in fp32).
-            causal: add the causal mask (offset by the cached length), so callers need not build it.
+            causal: add the causal mask (offset by the cached length), so callers need not build it;
+                with ``sliding_window``, the sliding-window mask instead.
             positions: absolute positions of the ``q_len`` new tokens for the ``rotary`` hook,
                 ``(q_len,)`` or ``(batch, q_len)``; default ``cached + arange(q_len)``. Fractional
                 positions are allowed (RoPE position interpolation divides them).
@@ -169,7 +182,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(output, weights)``: output ``(batch, q_len, d_model)``; weights as above or None.
         """
-        self._check_inputs(x, context, cache)
+        self._check_inputs(x, context, cache, causal)
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         q_rows, kv_rows = h * d, hkv * d
         batch, q_len, _ = x.shape
@@ -183,7 +196,10 @@ class MultiHeadAttention(nn.Module):
                 if self.rotary is not None:
                     q, k = self.rotary(q, positions), self.rotary(k, positions)
                 k, v = cache.update(self.layer_idx, k, v, positions)
-                mask, causal = combine_masks(mask, cache.visible(positions)), False
+                visible = cache.visible(positions)  # (q_len, max_len): slots up to each query's position
+                if self.sliding_window is not None:
+                    visible = visible & (cache.slots > positions[:, None] - self.sliding_window)
+                mask, causal = combine_masks(mask, visible), False
             else:
                 if self.rotary is not None:
                     past = cache.seq_len(self.layer_idx) if cache is not None else 0
@@ -208,7 +224,10 @@ class MultiHeadAttention(nn.Module):
         check_mask_and_bias(mask, bias, (batch, h, q_len, k_len))
         dropout_p = self.dropout if self.training else 0.0
         is_causal = False
-        if causal:
+        if causal and self.sliding_window is not None:  # query p sees keys p - sliding_window + 1 ... p
+            window = sliding_window_mask(q_len, k_len, self.sliding_window - 1, device=x.device)
+            mask = combine_masks(mask, window)
+        elif causal:
             if mask is None and bias is None and q_len == k_len and not need_weights:
                 is_causal = True  # let the fused kernel mask (and skip) the upper triangle itself
             elif q_len > 1:  # one new query sees every cached key: nothing to mask

@@ -2,7 +2,8 @@
 
 Each converter reads the HF configuration into a :class:`~companion.config.ModelConfig`, refuses
 settings the book's models do not implement, builds the model and copies every tensor, checking
-shapes as it goes. Parameter names on the two sides:
+shapes as it goes. Mistral is Llama with a sliding window (``config.sliding_window``), so it
+shares Llama's converter and names. Parameter names on the two sides:
 
 ============================  ==============================================  ===================
 ours (GPT block ``i``)        GPT-2 (``transformer.h.i``)                     Llama (``model.layers.i``)
@@ -50,25 +51,37 @@ def _gpt2_config(c) -> ModelConfig:
                        bias=True, tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)), dropout=0.0)
 
 
+def _rope(c) -> tuple[float, dict | None]:
+    # RoPE's base and scaling: transformers 5 keeps both in rope_parameters, 4 in rope_theta and rope_scaling
+    rope = getattr(c, "rope_parameters", None) or {**(getattr(c, "rope_scaling", None) or {}),
+                                                   "rope_theta": getattr(c, "rope_theta", 10000.0)}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    _refuse(kind not in ("default", "linear", "dynamic"), f"RoPE scaling {kind!r}")
+    _refuse(rope.get("partial_rotary_factor", 1.0) != 1.0, "partial_rotary_factor != 1")
+    scaling = None if kind == "default" else {"rope_type": kind, "factor": float(rope["factor"])}
+    return float(rope["rope_theta"]), scaling
+
+
 def _llama_config(c) -> ModelConfig:
-    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
-    _refuse(rope.get("rope_type", "default") != "default", f"RoPE scaling {rope.get('rope_type')!r}")
+    base, scaling = _rope(c)
+    bias, mlp_bias = bool(getattr(c, "attention_bias", False)), bool(getattr(c, "mlp_bias", False))
     _refuse(c.hidden_act != "silu", f"hidden_act={c.hidden_act!r}")
-    _refuse(c.attention_bias != c.mlp_bias, "attention_bias and mlp_bias differ")
+    _refuse(bias != mlp_bias, "attention_bias and mlp_bias differ")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return ModelConfig(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
                        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
                        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, position="rope",
-                       rope_base=float(rope["rope_theta"]), norm="rmsnorm", norm_eps=c.rms_norm_eps,
-                       norm_position="pre", ffn="swiglu", bias=bool(c.attention_bias),
+                       rope_base=base, rope_scaling=scaling, sliding_window=getattr(c, "sliding_window", None),
+                       norm="rmsnorm", norm_eps=c.rms_norm_eps, norm_position="pre", ffn="swiglu", bias=bias,
                        tie_embeddings=bool(c.tie_word_embeddings), dropout=0.0)
 
 
 def gpt_from_hf(cls, hf_model: nn.Module):
-    """Build ``cls`` (:class:`~companion.models.gpt.GPT`) from a GPT-2 or Llama causal LM (see the table above)."""
+    """Build ``cls`` (:class:`~companion.models.gpt.GPT`) from a GPT-2, Llama or Mistral causal LM (see above)."""
     kind = type(hf_model).__name__
-    if kind not in ("GPT2LMHeadModel", "LlamaForCausalLM"):
-        raise TypeError(f"hf_model must be a transformers GPT2LMHeadModel or LlamaForCausalLM, got {kind}")
+    if kind not in ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM"):
+        raise TypeError(f"hf_model must be a transformers GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM, "
+                        f"got {kind}")
     config = _gpt2_config(hf_model.config) if kind == "GPT2LMHeadModel" else _llama_config(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     model = cls(config).to(device=next(hf_model.parameters()).device, dtype=next(hf_model.parameters()).dtype)

@@ -13,8 +13,11 @@ Position ``t``'s logits predict token ``t + 1`` from tokens ``0 … t``: one obj
 prediction, trains the model on every position of every sequence at once. The default
 configuration is GPT-2's (learned positions, pre-norm LayerNorm, tanh-GELU, biases, tied input
 and output embeddings as one shared ``Parameter``); RoPE, RMSNorm, SwiGLU, GQA and no biases give
-a Llama-style model (``ModelConfig.preset("llama-tiny")``). :meth:`GPT.from_hf` loads Hugging
-Face ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` weights; with internet access, real GPT-2 is::
+a Llama-style model (``ModelConfig.preset("llama-tiny")``); ``config.sliding_window`` adds Mistral's
+local attention (each token sees its last ``sliding_window`` tokens) and ``config.rope_scaling``
+stretches RoPE beyond the trained length. :meth:`GPT.from_hf` loads Hugging Face
+``GPT2LMHeadModel``, ``LlamaForCausalLM`` and ``MistralForCausalLM`` weights; with internet
+access, real GPT-2 is::
 
     from transformers import GPT2LMHeadModel
     model = GPT.from_hf(GPT2LMHeadModel.from_pretrained("gpt2"))
@@ -117,8 +120,8 @@ class GPT(nn.Module):
             attention_mask: ``(batch, past + seq)``, 1 (or True) at real tokens and 0 at padding
                 (Hugging Face's convention); padded keys are never attended to.
             mask: an extra bool attention mask (True = may attend) broadcastable to ``(batch, heads,
-                seq, past + seq)``, combined with the causal one — e.g.
-                :func:`companion.attention.sliding_window_mask` for local attention.
+                seq, past + seq)``, combined with the causal one (for local attention set
+                ``config.sliding_window``).
             cache: a :class:`~companion.attention.KVCache` from :meth:`make_cache`; the new
                 tokens' keys and values are appended and positions continue from its length. A
                 :class:`~companion.attention.StaticKVCache` (``make_cache(..., static=True)``) needs
@@ -153,10 +156,12 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> GPT:
-        """A :class:`GPT` with the weights of a ``transformers`` ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+        """A :class:`GPT` with the weights of a ``transformers`` GPT-2, Llama or Mistral causal LM.
 
-        The configuration is read from ``hf_model.config``; settings this model does not
-        implement (GPT-2's ``scale_attn_by_inverse_layer_idx``, Llama's RoPE scaling, …) raise a
+        ``hf_model`` is a ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or ``MistralForCausalLM``. The
+        configuration is read from ``hf_model.config`` (Mistral's ``sliding_window``, Llama's
+        ``"linear"`` and ``"dynamic"`` RoPE scaling included); settings this model does not
+        implement (GPT-2's ``scale_attn_by_inverse_layer_idx``, other RoPE scalings, …) raise a
         ``ValueError``. The result is in eval mode, on the HF model's device and dtype.
         """
         from companion.models._hf import gpt_from_hf
