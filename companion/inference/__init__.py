@@ -6,8 +6,22 @@
 * :mod:`~companion.inference.speculative` — :func:`speculative_generate`, speculative decoding with
   a small draft model (the target's greedy tokens exactly; its distribution when sampling), and
   :func:`verify_draft`, the accept-or-resample step on its own.
+* :mod:`~companion.inference.pruning` — magnitude (unstructured) pruning, and structured pruning of
+  FFN neurons and attention heads that really shrinks ``d_ff`` and ``n_heads``.
+* :mod:`~companion.inference.gqa` — :func:`to_gqa`, grouped-query (or multi-query) attention from a
+  trained multi-head model by mean-pooling key/value heads (Ainslie et al., 2023).
 """
 
+from companion.inference.gqa import pool_kv_heads, to_gqa
+from companion.inference.pruning import (
+    ffn_neuron_scores,
+    head_scores,
+    magnitude_masks,
+    magnitude_prune,
+    prune_ffn_neurons,
+    prune_heads,
+    sparsity_of,
+)
 from companion.inference.quantization import (
     QuantLinear,
     dequantize_int4,
@@ -34,4 +48,13 @@ __all__ = [
     "speculative_generate",
     "verify_draft",
     "SpeculativeStats",
+    "magnitude_masks",
+    "magnitude_prune",
+    "sparsity_of",
+    "ffn_neuron_scores",
+    "head_scores",
+    "prune_ffn_neurons",
+    "prune_heads",
+    "to_gqa",
+    "pool_kv_heads",
 ]
