@@ -17,6 +17,22 @@ caching the decoder's self-attention and (computed once from the encoder output)
 cross-attention keys and values. Every function takes ``use_cache=False`` to recompute the
 whole prefix at each step instead — the same tokens, more work — which the tests and Chapter 11
 compare against.
+
+Prompts of different lengths are batched by **left padding** (:func:`pad_prompts`), as inference
+servers do: every row's last prompt token sits in the last column, so each step appends one
+column for the whole batch. The ``attention_mask`` (1 at tokens, 0 at padding) hides the padded
+keys at every step, the cached ones included, and each row's positions count its own tokens
+only, ``p_t = (Σ_{s ≤ t} mask_s) − 1``, so a prompt's first token is at position 0 however much
+padding precedes it. Learned (and sinusoidal) positions need this: shifted, they would be other
+vectors. Relative schemes would not — RoPE's score depends on ``n − m`` only (Su et al., 2021),
+ALiBi's (Press et al., 2022) and T5's on ``i − j``, which a row's contiguous tokens keep — but
+with the row's own positions RoPE also rotates by the very angles of the unbatched run (and
+length-dependent RoPE scaling sees the row's length). Each row gets the tokens it would get
+alone (up to float rounding)::
+
+    ids, mask = pad_prompts([[5, 6, 7], [8]], pad_id=0)        # ids [[5, 6, 7], [0, 0, 8]]
+    out = generate(model, ids, 10, attention_mask=mask, temperature=0)  # (2, 3 + 10)
+    new_tokens = out[:, ids.shape[1]:]                          # aligned across the rows
 """
 
 from __future__ import annotations
@@ -30,7 +46,7 @@ from companion._validation import check_int
 from companion.models.gpt import GPT, check_ids
 from companion.models.transformer import Transformer
 
-__all__ = ["sampling_probs", "generate", "greedy_decode", "beam_search", "length_penalty"]
+__all__ = ["sampling_probs", "generate", "pad_prompts", "greedy_decode", "beam_search", "length_penalty"]
 
 
 def _check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -94,9 +110,72 @@ class _EvalMode:
         self.model.train(self.was_training)
 
 
+def pad_prompts(prompts: list[list[int]] | list[Tensor], pad_id: int, *,
+                device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Left-pad prompts of different lengths into one batch for :func:`generate`.
+
+    Args:
+        prompts: token ids, each a list of ints or a 1-D integer tensor, at least one token each.
+        pad_id: the id written at the padding (any id of the vocabulary: the mask hides it).
+        device: of the results; default the first tensor prompt's, else the CPU.
+
+    Returns:
+        ``(ids, attention_mask)``, both ``(batch, longest)`` long tensors: row ``r`` is
+        ``[pad_id] * (longest - len(prompts[r])) + prompts[r]`` and its mask is 0 at the padding,
+        1 at the tokens (Hugging Face's convention).
+    """
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists or 1-D tensors, got {prompts!r}")
+    check_int("pad_id", pad_id, 0)
+    rows = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, Tensor) and p.dim() == 1 and not p.is_floating_point() and p.dtype != torch.bool:
+            rows.append(p)
+        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            rows.append(torch.tensor(p, dtype=torch.long))
+        else:
+            got = f"shape {tuple(p.shape)}, dtype {p.dtype}" if isinstance(p, Tensor) else repr(p)
+            raise ValueError(f"prompts[{i}] must be a list of ints or a 1-D integer tensor, got {got}")
+        if len(rows[-1]) == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+    if device is None:
+        device = next((p.device for p in prompts if isinstance(p, Tensor)), torch.device("cpu"))
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long, device=device)
+    for r, row in enumerate(rows):
+        ids[r, longest - len(row):] = row.to(device)
+        mask[r, longest - len(row):] = 1
+    return ids, mask
+
+
+def _left_padding(attention_mask: object, ids: Tensor) -> Tensor | None:
+    """``attention_mask`` checked to be left padding, as bool ``(batch, prompt_len)``; None if it hides nothing."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(ids.shape):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a tensor of shape (batch, prompt_len) = {tuple(ids.shape)}, "
+                         f"got {got}")
+    keep = attention_mask.to(ids.device)
+    if keep.dtype != torch.bool:
+        if ((keep != 0) & (keep != 1)).any():
+            raise ValueError(f"attention_mask must hold 1 (token) and 0 (padding) only, got the values "
+                             f"{keep.unique().tolist()}")
+        keep = keep == 1
+    empty = (~keep.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"attention_mask rows {empty} are all padding: every prompt needs at least one token")
+    right = (keep[:, :-1] & ~keep[:, 1:]).any(1).nonzero().flatten().tolist()
+    if right:
+        raise ValueError(f"attention_mask must be left padding (0s, then 1s): rows {right} have a 0 after a 1 "
+                         "(right padding; pad_prompts left-pads)")
+    return None if bool(keep.all()) else keep
+
+
 def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> Tensor:
+             use_cache: bool = True, attention_mask: Tensor | None = None, pad_id: int | None = None) -> Tensor:
     """Continue each prompt of ``ids`` ``(batch, prompt_len)`` by up to ``max_new_tokens`` tokens.
 
     Each step samples from :func:`sampling_probs` of the last position's logits
@@ -105,34 +184,56 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
     without, each step re-runs the whole sequence. Both give the same tokens (with the same
     seeded ``generator`` when sampling).
 
+    Prompts of different lengths come left-padded, with an ``attention_mask`` (see
+    :func:`pad_prompts` and the module docstring): each row then gets the tokens it would get
+    alone, greedy or sampled from the same distribution.
+
     Args:
         model: a :class:`~companion.models.gpt.GPT` (put in eval mode for the call).
-        ids: prompts of equal length (no padding).
+        ids: prompts, left-padded to a common length if they differ.
         max_new_tokens: tokens to add.
         temperature, top_k, top_p: see :func:`sampling_probs`.
-        eos_id: a sequence that emits it is finished; its later positions repeat ``eos_id``, and
+        eos_id: a sequence that emits it is finished; its later positions hold ``pad_id``, and
             generation stops early when every sequence is finished.
         generator: a seeded ``torch.Generator`` (on the model's device) for reproducible samples.
         use_cache: decode with a KV cache.
+        attention_mask: ``(batch, prompt_len)``, 1 at tokens and 0 at left padding; None (or all
+            ones): no padding. Right padding (a 0 after a 1) is a ``ValueError``.
+        pad_id: what fills a finished sequence's later positions; default ``eos_id`` (repeated).
 
     Returns:
-        ``(batch, prompt_len + n)`` ids, prompts included, ``n <= max_new_tokens``.
+        ``(batch, prompt_len + n)`` ids, the prompts (padding included) then the new tokens,
+        ``n <= max_new_tokens`` (``n < max_new_tokens`` only when every row emitted ``eos_id``).
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a companion GPT, got {type(model).__name__}")
-    check_ids("ids", ids, model.config.vocab_size)
+    vocab = model.config.vocab_size
+    check_ids("ids", ids, vocab)
     check_int("max_new_tokens", max_new_tokens, 1)
     _check_sampling(temperature, top_k, top_p)
     if eos_id is not None:
         check_int("eos_id", eos_id, 0)
-    total = ids.shape[1] + max_new_tokens
-    if model.config.position == "learned" and total > model.config.max_len:
-        raise ValueError(f"prompt_len + max_new_tokens = {total} exceeds the model's max_len={model.config.max_len} "
-                         "learned positions")
+    if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab):
+        raise ValueError(f"pad_id must be None or an id in [0, {vocab}), got {pad_id!r}")
+    keep = _left_padding(attention_mask, ids)
+    batch, prompt_len = ids.shape
+    total = prompt_len + max_new_tokens
+    longest = prompt_len if keep is None else int(keep.sum(1).max())  # most tokens of one row, padding aside
+    if model.config.position == "learned" and longest + max_new_tokens > model.config.max_len:
+        raise ValueError(f"prompt_len + max_new_tokens = {longest + max_new_tokens} exceeds the model's "
+                         f"max_len={model.config.max_len} learned positions")
+    keys = positions = None  # no padding: the model's own positions, past + arange(seq)
+    if keep is not None:
+        keys = torch.cat([keep, keep.new_ones(batch, max_new_tokens)], dim=1)  # (batch, total): real keys
+        start = (keep.long().cumsum(1) - 1).clamp(min=0)  # (batch, prompt_len): each row counts from 0
+        steps = torch.arange(1, max_new_tokens + 1, device=ids.device)
+        positions = torch.cat([start, start[:, -1:] + steps], dim=1)  # (batch, total)
+    fill = eos_id if pad_id is None else pad_id
     with _EvalMode(model):
-        cache = model.make_cache(ids.shape[0], total) if use_cache else None
-        logits = model(ids, cache=cache)[:, -1]
-        out, finished = ids, torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        cache = model.make_cache(batch, total) if use_cache else None
+        logits = model(ids, cache=cache, attention_mask=keep,
+                       positions=None if positions is None else positions[:, :prompt_len])[:, -1]
+        out, finished = ids, torch.zeros(batch, dtype=torch.bool, device=ids.device)
         for step in range(max_new_tokens):
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
@@ -140,14 +241,19 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
                 probs = sampling_probs(logits, temperature, top_k, top_p)
                 nxt = torch.multinomial(probs, 1, generator=generator)
             if eos_id is not None:
-                nxt = nxt.masked_fill(finished[:, None], eos_id)
+                nxt = nxt.masked_fill(finished[:, None], fill)
                 finished |= nxt[:, 0] == eos_id
             out = torch.cat([out, nxt], dim=1)
             if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
                 break
             # checked once above; each step skips the model's own input checks
-            logits = model.head(model._hidden(nxt, None, cache, None, False) if use_cache
-                                else model._hidden(out, None, None, None, False)[:, -1:])[:, -1]
+            n = out.shape[1]
+            mask = None if keys is None else keys[:, None, None, :n]  # (batch, 1, 1, keys): over heads, queries
+            if use_cache:
+                hidden = model._hidden(nxt, mask, cache, None if positions is None else positions[:, n - 1:n], False)
+            else:
+                hidden = model._hidden(out, mask, None, None if positions is None else positions[:, :n], False)[:, -1:]
+            logits = model.head(hidden)[:, -1]
     return out.clone()  # an ordinary tensor, not an inference tensor (see _EvalMode)
 
 
