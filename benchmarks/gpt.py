@@ -20,9 +20,9 @@ Three ratios, each against a reference measured in the same run, on the same wei
    round misses it. Two rows follow for information, with the status the rule would give in
    parentheses: the same shapes with ``d_ff=1``, which removes the FFN's arithmetic (the closest
    comparison with the attention-only decoder: the FFN slows the uncached step, which is bound by
-   arithmetic, more than the cached one, which is mostly a fixed cost per operation, so it raises
-   the ratio), and the other rows' width, 128, where a cached step has so little arithmetic that
-   per-operation overhead decides the ratio. A line after the table times that width-128 cached
+   arithmetic, more than the cached one, which is bound by reading the weights and a fixed cost per
+   operation, so it raises the ratio), and the other rows' width, 128, where a cached step has
+   little arithmetic. A line after the table times that width-128 cached
    step written as bare ``torch.nn.functional`` calls (no modules, no checks, the same tokens),
    which separates the package's Python overhead from the kernels' (see Appendix B); the last
    lines time the cached and uncached steps of the target's and the width-128 models at one thread
@@ -335,8 +335,8 @@ def main() -> int:
     new = 64 if args.quick else 256
     ours_ms, bare_ms = bare_step_ms(device, new=new)
     print(f"\nA cached greedy step at d_model=128: ours {ours_ms:.2f} ms, the same step as bare functional calls "
-          f"(no modules, no checks) {bare_ms:.2f} ms ({bare_ms / ours_ms:.0%} of ours): at this width a step is "
-          "mostly per-operation dispatch.")
+          f"(no modules, no checks) {bare_ms:.2f} ms ({bare_ms / ours_ms:.0%} of ours): the difference is the "
+          "package's Python around the same kernels.")
     if device.type == "cpu":
         for shape in (CACHE_TARGET, CACHE_INFO):
             for threads, (cached, uncached) in per_thread_ms(device, shape, new).items():
@@ -346,10 +346,10 @@ def main() -> int:
                       f"(KV cache vs none {uncached / cached:.1f}x).")
         weights_mb = sum(p.numel() * p.element_size() for p in cache_model(device, CACHE_TARGET).parameters()) / 2**20
         small, large = weight_stream_gbs(2), weight_stream_gbs(16)
-        print(f"Weights reach one core at {small:.0f} GB/s from a 2 MiB working set and {large:.0f} GB/s from "
-              f"16 MiB (1-row matrix products): the d_model=256 model's {weights_mb:.0f} MiB of weights "
-              f"{'fit the cache this machine gives us' if large > 0.5 * small else 'come from memory'}, "
-              "and a cached step, which reads them all per token, runs at that speed.")
+        print(f"Weights reach one core at {small:.1f} GB/s from a 2 MiB working set and {large:.1f} GB/s from "
+              f"16 MiB (1-row matrix products, one thread): reading the d_model=256 model's {weights_mb:.1f} MiB "
+              f"of weights once takes {weights_mb * 2**20 / large / 1e6:.1f} ms at {large:.1f} GB/s, "
+              f"{weights_mb * 2**20 / small / 1e6:.1f} ms at {small:.1f} GB/s.")
     if device.type == "cuda" or args.quick:
         rows += gpt2_small_tables(device, args.quick)
     if any(r[-1] == "NO" for r in rows):
