@@ -13,6 +13,9 @@ import os
 import socket
 import sys
 
+import pytest
+import torch
+
 # Offline before anything imports `datasets` or `huggingface_hub`.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,3 +64,12 @@ def pytest_sessionfinish(session, exitstatus):
             for attempt in NETWORK_ATTEMPTS:
                 reporter.write_line(f"  {attempt}", red=True)
         session.exitstatus = 1
+
+
+@pytest.fixture
+def one_thread():
+    """One PyTorch thread for the test (tiny models only lose from threads, and CI's two cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

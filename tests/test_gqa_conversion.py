@@ -15,12 +15,7 @@ from companion.models.gpt import GPT
 VOCAB = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small only lose from threads (and the CPU is shared)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(seed=0, **overrides) -> GPT:

@@ -21,13 +21,7 @@ from companion.inference.pruning import (
 from companion.models.gpt import GPT
 from companion.utils import count_parameters
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small only lose from threads (and the CPU is shared)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _gpt(preset="tiny", seed=0, dtype=torch.float32, **kw) -> GPT:

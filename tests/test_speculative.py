@@ -17,12 +17,7 @@ from companion.models.gpt import GPT
 CHI2_CRITICAL_1E3 = {3: 16.266, 4: 18.467, 24: 51.179}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small only lose from threads (and the CPU is shared)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def fits(counts: torch.Tensor, probs: torch.Tensor) -> bool:

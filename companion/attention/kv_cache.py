@@ -50,6 +50,12 @@ def _check_sizes(n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int,
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 
 
+def _check_layer(layer: object, n_layers: int) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    return layer
+
+
 def _check_kv(k: Tensor, v: Tensor, batch: int, heads: int, head_dim: int) -> None:
     check_tensor("k", k, 4)
     check_tensor("v", v, 4)
@@ -102,9 +108,7 @@ class KVCache:
         return self.keys.nbytes + self.values.nbytes
 
     def _layer(self, layer: object) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.lengths):
-            raise ValueError(f"layer must be an int in [0, {len(self.lengths)}), got {layer!r}")
-        return layer
+        return _check_layer(layer, len(self.lengths))
 
     def seq_len(self, layer: int = 0) -> int:
         """Number of tokens stored in ``layer``'s slot (0 when empty)."""

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from companion.attention._checks import check_length
-from companion.attention.kv_cache import _check_kv, _check_sizes
+from companion.attention.kv_cache import _check_kv, _check_layer, _check_sizes
 
 __all__ = ["RollingKVCache"]
 
@@ -87,9 +87,7 @@ class RollingKVCache:
         return self.keys.nbytes + self.values.nbytes
 
     def _layer(self, layer: object) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.lengths):
-            raise ValueError(f"layer must be an int in [0, {len(self.lengths)}), got {layer!r}")
-        return layer
+        return _check_layer(layer, len(self.lengths))
 
     def seq_len(self, layer: int = 0) -> int:
         """Tokens seen by ``layer`` so far: the position of the next token (not the number stored)."""
