@@ -610,3 +610,31 @@ def test_head_dim_can_differ_from_d_model_over_heads():
     torch.testing.assert_close(mha(x, causal=True)[0], mha(x, causal=True, need_weights=True)[0], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="head_dim must be an int >= 1"):
         MultiHeadAttention(16, 4, head_dim=0)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_a_sliding_window_layer_runs_the_local_kernel_equal_to_the_dense_mask(n_kv_heads):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, sliding_window=5).eval()
+    x = torch.randn(2, 23, 32)
+    out, _ = mha(x, causal=True)  # the chunked local kernel
+    ref, weights = mha(x, causal=True, need_weights=True)  # the explicit path, with the dense mask
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    assert torch.equal(weights[0, 0] > 0, sliding_window_mask(23, window=4))  # query p sees keys p-4 ... p
+    short, _ = mha(x[:, :5], causal=True)  # no longer than the window: plain causal attention
+    torch.testing.assert_close(short, ref[:, :5], atol=1e-5, rtol=0)
+
+
+def test_a_sliding_window_layer_saves_memory_linear_in_the_length():
+    from companion.profiling import saved_tensor_bytes
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, sliding_window=8)
+
+    def saved(length: int, **kwargs) -> int:
+        x = torch.randn(1, length, 16, requires_grad=True)
+        return saved_tensor_bytes(lambda: mha(x, causal=True, **kwargs)[0].sum())
+
+    local = saved(1024) / saved(512)
+    dense = saved(1024, need_weights=True) / saved(512, need_weights=True)
+    assert local < 2.2 < 3.5 < dense  # O(L · window) against O(L²)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from companion.attention._checks import check_length, check_mask_and_bias, check_probability, check_scale, check_tensor
 from companion.attention.functional import _sdpa, scaled_dot_product_attention
 from companion.attention.kv_cache import KVCache, StaticKVCache
+from companion.attention.local import sliding_window_attention
 from companion.attention.masks import causal_mask, combine_masks, sliding_window_mask
 
 __all__ = ["MultiHeadAttention"]
@@ -174,7 +175,10 @@ class MultiHeadAttention(nn.Module):
                 this takes the explicit path. Otherwise the fused kernel runs (same output to
                 ~1e-6 in fp32).
             causal: add the causal mask (offset by the cached length), so callers need not build it;
-                with ``sliding_window``, the sliding-window mask instead.
+                with ``sliding_window``, the sliding-window mask instead. A whole sequence with no
+                mask, bias, weights or dropout then runs the chunked local kernel
+                (:func:`~companion.attention.sliding_window_attention`), whose memory grows as
+                ``q_len · sliding_window``, not ``q_len²``.
             positions: absolute positions of the ``q_len`` new tokens for the ``rotary`` hook,
                 ``(q_len,)`` or ``(batch, q_len)``; default ``cached + arange(q_len)``. Fractional
                 positions are allowed (RoPE position interpolation divides them).
@@ -223,17 +227,27 @@ class MultiHeadAttention(nn.Module):
 
         check_mask_and_bias(mask, bias, (batch, h, q_len, k_len))
         dropout_p = self.dropout if self.training else 0.0
-        is_causal = False
+        is_causal = local = False
         if causal and self.sliding_window is not None:  # query p sees keys p - sliding_window + 1 ... p
-            window = sliding_window_mask(q_len, k_len, self.sliding_window - 1, device=x.device)
-            mask = combine_masks(mask, window)
+            plain = mask is None and bias is None and q_len == k_len and not need_weights
+            if plain and q_len <= self.sliding_window:
+                is_causal = True  # the window reaches back to the first token: plain causal attention
+            elif plain and dropout_p == 0.0:
+                local = True  # the chunked kernel: O(q_len · sliding_window) memory, no (q_len, k_len) mask
+            else:
+                window = sliding_window_mask(q_len, k_len, self.sliding_window - 1, device=x.device)
+                mask = combine_masks(mask, window)
         elif causal:
             if mask is None and bias is None and q_len == k_len and not need_weights:
                 is_causal = True  # let the fused kernel mask (and skip) the upper triangle itself
             elif q_len > 1:  # one new query sees every cached key: nothing to mask
                 mask = combine_masks(mask, causal_mask(q_len, k_len, device=x.device))
 
-        if need_weights:
+        if local:
+            out = sliding_window_attention(q, self._repeat_kv(k), self._repeat_kv(v), self.sliding_window - 1,
+                                           causal=True, scale=self.scale)
+            weights = None
+        elif need_weights:
             out, weights = scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), mask, bias,
                                                         dropout_p, scale=self.scale)
         else:
