@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from companion.attention import KVCache, MultiHeadAttention, StaticKVCache
+from companion.attention import KVCache, MultiHeadAttention, RollingKVCache, StaticKVCache
 from companion.config import ModelConfig
 from companion.feedforward import make_ffn
 from companion.normalization import make_norm
@@ -168,7 +168,10 @@ class Stack(nn.Module):
         if isinstance(cache, StaticKVCache) and self.positions.kind in ("alibi", "t5"):
             raise ValueError(f"a StaticKVCache does not support position={self.positions.kind!r} (its score bias "
                              "is built for the filled length); use a KVCache")
-        past = cache.seq_len() if isinstance(cache, KVCache) else 0
+        if isinstance(cache, RollingKVCache) and self.positions.kind in ("alibi", "t5"):
+            raise ValueError(f"a RollingKVCache does not support position={self.positions.kind!r} (its score bias "
+                             "is indexed by key position, and the ring's slots are out of order); use a KVCache")
+        past = cache.seq_len() if isinstance(cache, (KVCache, RollingKVCache)) else 0
         seq = x.shape[1]
         x = self.positions.add(x, positions, start=past)  # default positions: past, past + 1, …
         if positions is None and self.positions.rotary is not None:  # one tensor for every layer's RoPE

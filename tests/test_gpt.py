@@ -285,3 +285,34 @@ def test_causal_classifier_bad_arguments_raise():
         CausalClassifier(gpt, 3, position=1.5)
     with pytest.raises(ValueError, match="position 12 is outside sequences of length 10"):
         CausalClassifier(gpt, 3, position=12)(torch.zeros(2, 10, dtype=torch.long))
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_a_rolling_cache_decodes_a_sliding_window_gpt_like_the_full_forward(n_kv_heads):
+    torch.manual_seed(0)
+    config = ModelConfig.preset("llama-tiny", sliding_window=6, n_kv_heads=n_kv_heads)
+    model = GPT(config).eval()
+    ids = torch.randint(config.vocab_size, (2, 40))
+    with torch.no_grad():
+        full = model(ids)  # the chunked local kernel over the whole sequence
+        cache = model.make_cache(2, rolling=True)
+        pieces = [model(ids[:, :9], cache=cache), model(ids[:, 9:14], cache=cache)]  # a prompt, then a chunk
+        pieces += [model(ids[:, t:t + 1], cache=cache) for t in range(14, 40)]  # then one token at a time
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-4, rtol=0)
+    assert cache.seq_len() == 40 and cache.stored() == 6  # the last sliding_window tokens, and no more
+    assert cache.memory_bytes == 2 * config.n_layers * 2 * n_kv_heads * config.resolved_head_dim * 6 * 4
+
+
+def test_a_rolling_cache_is_refused_where_it_cannot_serve():
+    model = GPT(ModelConfig.preset("llama-tiny", sliding_window=6)).eval()
+    ids = torch.randint(256, (1, 4))
+    with pytest.raises(ValueError, match="sliding_window"):
+        GPT(ModelConfig.preset("llama-tiny")).make_cache(1, rolling=True)
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, cache=model.make_cache(1, rolling=True), attention_mask=torch.ones(1, 4))
+    other = GPT(ModelConfig.preset("llama-tiny", sliding_window=4)).eval()
+    with pytest.raises(ValueError, match="window"):
+        other(ids, cache=model.make_cache(1, rolling=True))
+    alibi = GPT(ModelConfig.preset("llama-tiny", sliding_window=6, position="alibi")).eval()
+    with pytest.raises(ValueError, match="alibi"):
+        alibi(ids, cache=alibi.make_cache(1, rolling=True))

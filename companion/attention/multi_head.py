@@ -13,6 +13,7 @@ from companion.attention.functional import _sdpa, scaled_dot_product_attention
 from companion.attention.kv_cache import KVCache, StaticKVCache
 from companion.attention.local import sliding_window_attention
 from companion.attention.masks import causal_mask, combine_masks, sliding_window_mask
+from companion.attention.rolling_cache import RollingKVCache
 
 __all__ = ["MultiHeadAttention"]
 
@@ -145,8 +146,13 @@ class MultiHeadAttention(nn.Module):
             if context.dim() != 3 or context.shape[-1] != self.d_model or context.shape[0] != x.shape[0]:
                 raise ValueError(f"context must have shape (batch={x.shape[0]}, k_len, d_model={self.d_model}), "
                                  f"got {tuple(context.shape)}")
-        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache)):
-            raise TypeError(f"cache must be a KVCache, a StaticKVCache or None, got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache, RollingKVCache)):
+            raise TypeError(f"cache must be a KVCache, a StaticKVCache, a RollingKVCache or None, "
+                            f"got {type(cache).__name__}")
+        if isinstance(cache, RollingKVCache) and (self.sliding_window is None or context is not None
+                                                  or cache.window != self.sliding_window - 1):
+            raise ValueError(f"a RollingKVCache serves sliding-window self-attention with window = sliding_window - 1 "
+                             f"(this layer: sliding_window={self.sliding_window}), got one with window={cache.window}")
         if isinstance(cache, StaticKVCache) and context is not None:
             raise TypeError("a StaticKVCache serves self-attention only; cache cross-attention with a KVCache")
         if self.sliding_window is not None and (context is not None or not causal):
@@ -154,7 +160,8 @@ class MultiHeadAttention(nn.Module):
                              "call it with causal=True and no context")
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, bias: Tensor | None = None,
-                cache: KVCache | StaticKVCache | None = None, need_weights: bool = False, *, causal: bool = False,
+                cache: KVCache | StaticKVCache | RollingKVCache | None = None, need_weights: bool = False, *,
+                causal: bool = False,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself (or to ``context``).
 
@@ -170,7 +177,9 @@ class MultiHeadAttention(nn.Module):
                 projected ``context`` is stored at the first call and reused afterwards. Or a
                 :class:`StaticKVCache` (self-attention; ``positions`` ``(q_len,)`` required): the new
                 keys and values are written at ``positions`` and the query attends over every
-                slot up to its own position.
+                slot up to its own position. Or, with ``sliding_window``, a
+                :class:`~companion.attention.RollingKVCache` of ``window = sliding_window - 1``:
+                only the last ``sliding_window`` tokens are kept (memory O(sliding_window)).
             need_weights: also return the per-head weights ``(batch, heads, q_len, k_len)``;
                 this takes the explicit path. Otherwise the fused kernel runs (same output to
                 ~1e-6 in fp32).

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion._validation import check_int, tracing
-from companion.attention import KVCache, StaticKVCache
+from companion.attention import KVCache, RollingKVCache, StaticKVCache
 from companion.blocks import Stack
 from companion.config import ModelConfig
 from companion.initialization import init_weights
@@ -88,8 +88,12 @@ class GPT(nn.Module):
                       need_weights: bool = False) -> Tensor:
         """The last block's output after the final norm, ``(batch, seq, d_model)``: :meth:`forward` without the head."""
         check_ids("ids", ids, self.config.vocab_size)
-        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache)):
-            raise TypeError(f"cache must be a KVCache, a StaticKVCache or None, got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, (KVCache, StaticKVCache, RollingKVCache)):
+            raise TypeError(f"cache must be a KVCache, a StaticKVCache, a RollingKVCache or None, "
+                            f"got {type(cache).__name__}")
+        if isinstance(cache, RollingKVCache) and attention_mask is not None:
+            raise ValueError("attention_mask (padding) is not supported with a RollingKVCache, whose ring drops the "
+                             "old keys: use prompts of equal length, or a KVCache")
         if isinstance(cache, StaticKVCache) and attention_mask is not None:
             raise ValueError("attention_mask (padding) is not supported with a StaticKVCache, whose positions are "
                              "shared by the batch rows: use prompts of equal length, or a KVCache")
@@ -134,15 +138,24 @@ class GPT(nn.Module):
                                             positions=positions, need_weights=need_weights))
 
     def make_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                   device: torch.device | str | None = None, static: bool = False) -> KVCache | StaticKVCache:
+                   device: torch.device | str | None = None, static: bool = False,
+                   rolling: bool = False) -> KVCache | StaticKVCache | RollingKVCache:
         """An empty :class:`~companion.attention.KVCache` for this model.
 
         ``max_len`` (prompt + generated tokens) defaults to ``config.max_len``; dtype and device to
         the model's. ``static=True`` gives a :class:`~companion.attention.StaticKVCache`, whose
-        fixed shapes a compiled decoding step needs (pass ``positions`` with it).
+        fixed shapes a compiled decoding step needs (pass ``positions`` with it). ``rolling=True``
+        (a model with ``config.sliding_window``) gives a :class:`~companion.attention.RollingKVCache`
+        that keeps only the last ``sliding_window`` tokens, whatever the length (``max_len`` unused).
         """
         weight = self.tok_emb.weight
         c = self.config
+        if rolling:
+            if static or c.sliding_window is None:
+                raise ValueError(f"rolling=True needs a model with config.sliding_window and static=False, got "
+                                 f"sliding_window={c.sliding_window}, static={static}")
+            return RollingKVCache(c.n_layers, batch_size, c.resolved_n_kv_heads, c.resolved_head_dim,
+                                  c.sliding_window - 1, dtype=dtype or weight.dtype, device=device or weight.device)
         kind = StaticKVCache if static else KVCache
         return kind(c.n_layers, batch_size, c.resolved_n_kv_heads, c.resolved_head_dim, max_len or c.max_len,
                     dtype=dtype or weight.dtype, device=device or weight.device)
