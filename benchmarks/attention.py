@@ -5,7 +5,7 @@
     python benchmarks/attention.py --quick    # smaller, for a smoke test
     python benchmarks/attention.py --device cuda
 
-Two tables, each with a ratio against a reference measured in the same run:
+Three tables, each with a ratio against a reference measured in the same run:
 
 1. ``MultiHeadAttention`` forward+backward vs ``torch.nn.MultiheadAttention`` with the same
    shapes and weights (target: ratio <= 1.10; each row's status from ``common.status``: "ok",
@@ -14,6 +14,23 @@ Two tables, each with a ratio against a reference measured in the same run:
    path (``F.scaled_dot_product_attention``) for L = 256 ... 4096: time of forward+backward and the
    activation memory kept for the backward pass (bytes of the tensors autograd saves; on CUDA also
    the peak allocated memory).
+
+3. Long sequences (``--only long``), causal, forward+backward, batch 1, one head of width 64, at
+   L = 4096 and 16384: the tiled kernel (``tiled_attention``, the online softmax in Python loops)
+   against PyTorch's fused kernel, and the chunked sliding window (``sliding_window_attention``,
+   w = 128) against dense attention with the window as an ``(L, L)`` mask. Targets: the tiled output
+   equals the fused one to 1e-5 (max |diff|) and, at L <= 4096, its gradients equal the fused
+   kernel's to 1e-4; the window's output equals the dense masked one to 1e-5 (above the dense budget:
+   the reference is ``F.scaled_dot_product_attention`` without gradients, one chunk of queries at a
+   time with the band mask of their keys); and the window's saved activations stay within 1.2x of its O(L·w) bound
+   ``4·B·H·L'·(2w + 5·head_dim) + L'·2w`` bytes, with ``L' = ceil(L / w)·w``: the (L', 2w) weights,
+   the query chunks and the (L', 2w) blocks of keys and values in float32, and the bool band mask.
+   Dense attention is run only while its saved bytes, ``4·B·H·L² + L²`` (weights and mask), fit
+   ``DENSE_BUDGET`` (1 GiB); above it (16k: 1 GiB per head) its memory is that formula, checked
+   against the measurement at 4096, and its time is not measured. Times are wall-clock medians; on
+   the CPU a line under the table splits one forward+backward of the dense reference into user and
+   system CPU time: most of the system part is the operating system zeroing fresh pages for the
+   ``(L, L)`` tensors (page faults), not attention's arithmetic.
 
 Generation with and without the KV cache is measured on a whole model in ``benchmarks/gpt.py``.
 
@@ -26,11 +43,19 @@ import argparse
 import sys
 
 import torch
+import torch.nn.functional as F
 from common import MET, TARGET_MISSED, compare, status, table
 from torch import nn
 
-from companion.attention import MultiHeadAttention, padding_mask
-from companion.profiling import saved_tensor_bytes
+from companion.attention import (
+    MultiHeadAttention,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_attention,
+    sliding_window_mask,
+    tiled_attention,
+)
+from companion.profiling import cpu_usage_of, saved_tensor_bytes
 from companion.utils import get_device, seed_everything
 
 # ----------------------------------------------------------------------------- 1. vs torch
@@ -133,11 +158,133 @@ def bench_explicit_vs_fused(device: torch.device, quick: bool) -> None:
     )
 
 
+# ----------------------------------------------------------------------------- 3. long sequences
+
+EQUAL_ATOL = 1e-5  # max |diff| of the outputs
+GRAD_ATOL = 1e-4  # max |diff| of the gradients of q, k, v (tiled vs fused, L <= GRAD_CHECK_MAX_LEN)
+GRAD_CHECK_MAX_LEN = 4096
+WINDOW_MEMORY_TARGET = 1.2  # saved bytes / the O(L·w) bound
+DENSE_BUDGET = 2**30  # dense attention is run only while its saved activations fit 1 GiB
+
+
+def window_bound_bytes(batch: int, heads: int, L: int, window: int, head_dim: int) -> int:
+    """The O(L·w) bound on what causal ``sliding_window_attention`` (chunk = window) saves, in bytes."""
+    padded = -(-L // window) * window
+    return 4 * batch * heads * padded * (2 * window + 5 * head_dim) + padded * 2 * window
+
+
+def dense_bytes(batch: int, heads: int, L: int) -> int:
+    """What dense attention with an (L, L) bool mask saves at least: float32 weights and the mask."""
+    return 4 * batch * heads * L * L + L * L
+
+
+def _long_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, block: int,
+                  dense: bool) -> dict:
+    """The kernels of table 3 on one input, as functions of nothing; ``dense`` adds the masked dense one."""
+    fns = {
+        "tiled": lambda: tiled_attention(q, k, v, causal=True, block_size=block),
+        "fused": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "window": lambda: sliding_window_attention(q, k, v, window),
+    }
+    if dense:
+        mask = sliding_window_mask(q.shape[-2], window=window, device=q.device)
+        fns["dense"] = lambda: scaled_dot_product_attention(q, k, v, mask)[0]
+    return fns
+
+
+def banded_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, chunk: int = 1024) -> torch.Tensor:
+    """Causal sliding-window attention by PyTorch's kernel, without gradients, ``chunk`` queries at a time.
+
+    Query ``i`` sees keys ``i - window … i``; each chunk of queries is attended against the keys from
+    ``window`` before its first query to its last, with that band as a boolean mask: O(chunk · (chunk + w))
+    memory, so it can check the window kernel where an ``(L, L)`` mask would not fit.
+    """
+    L = q.shape[-2]
+    pieces = []
+    with torch.no_grad():
+        for start in range(0, L, chunk):
+            stop, first = min(start + chunk, L), max(0, start - window)
+            i = torch.arange(start, stop, device=q.device)[:, None]
+            j = torch.arange(first, stop, device=q.device)[None, :]
+            band = (i - j >= 0) & (i - j <= window)
+            pieces.append(F.scaled_dot_product_attention(q[..., start:stop, :], k[..., first:stop, :],
+                                                         v[..., first:stop, :], attn_mask=band))
+    return torch.cat(pieces, dim=-2)
+
+
+def bench_long(device: torch.device, quick: bool) -> bool:
+    batch, heads, head_dim, window, block = 1, 1, 64, 128, 128
+    lengths = [1024, 4096] if quick else [4096, 16384]
+    rows = []
+    dense_usage = {}  # L -> CpuUsage of one forward+backward of the dense reference (CPU only)
+    for L in lengths:
+        q, k, v = (torch.randn(batch, heads, L, head_dim, device=device, requires_grad=True) for _ in range(3))
+        repeats = 2 if L > 4096 else 3
+        dense_fits = dense_bytes(batch, heads, L) * 1.1 <= DENSE_BUDGET
+        fns = _long_kernels(q, k, v, window, block, dense_fits)
+        with torch.no_grad():
+            out = {name: fn() for name, fn in fns.items()}
+        tiled_diff = (out["tiled"] - out["fused"]).abs().max().item()
+        reference = out["dense"] if dense_fits else banded_reference(q.detach(), k.detach(), v.detach(), window)
+        window_diff = (out["window"] - reference).abs().max().item()
+        del out, reference
+        grad_diff = None
+        if L <= GRAD_CHECK_MAX_LEN:  # gradients of q, k, v: tiled (recomputed tiles) vs PyTorch's fused kernel
+            g_out = torch.randn_like(q)
+            grads = [torch.autograd.grad(fns[name](), (q, k, v), g_out) for name in ("tiled", "fused")]
+            grad_diff = max((a - b).abs().max().item() for a, b in zip(*grads))
+            del grads
+        saved = {name: saved_tensor_bytes(fn) for name, fn in fns.items()}
+        times = compare({name: lambda fn=fn: fn().sum().backward() for name, fn in fns.items()}, device, repeats,
+                        warmup=1)
+        bound = window_bound_bytes(batch, heads, L, window, head_dim)
+        mib = 2**20
+        tiled_target = f"max |diff| {tiled_diff:.1e} <= {EQUAL_ATOL:.0e}"
+        tiled_ok = tiled_diff <= EQUAL_ATOL
+        if grad_diff is not None:
+            tiled_target += f", grads {grad_diff:.1e} <= {GRAD_ATOL:.0e}"
+            tiled_ok = tiled_ok and grad_diff <= GRAD_ATOL
+        rows.append([str(L), "tiled vs fused SDPA", f"{times['tiled'] * 1e3:.0f}", f"{times['fused'] * 1e3:.0f}",
+                     f"{times['tiled'] / times['fused']:.2f}x", f"{saved['tiled'] / mib:.2f}",
+                     f"{saved['fused'] / mib:.2f}", tiled_target, "ok" if tiled_ok else "NO"])
+        if dense_fits:
+            assert saved["dense"] >= dense_bytes(batch, heads, L)  # the formula used above the budget is a floor
+            dense_cells = [f"{times['dense'] * 1e3:.0f}", f"{times['window'] / times['dense']:.2f}x",
+                           f"{saved['window'] / mib:.2f}", f"{saved['dense'] / mib:.1f}"]
+            if device.type == "cpu":
+                dense_usage[L] = cpu_usage_of(lambda step=fns["dense"]: step().sum().backward())
+        else:
+            floor = dense_bytes(batch, heads, L) / mib
+            dense_cells = ["-", "-", f"{saved['window'] / mib:.2f}", f">= {floor:.0f} (formula)"]
+        window_ok = window_diff <= EQUAL_ATOL
+        ratio = saved["window"] / bound
+        window_status = status(ratio, WINDOW_MEMORY_TARGET, higher_is_better=False)
+        if not window_ok:
+            window_status = "NO"
+        equal = f"max |diff| {window_diff:.1e}{'' if dense_fits else ' (banded SDPA)'}, "
+        rows.append([str(L), f"window w={window} vs dense masked", f"{times['window'] * 1e3:.0f}", dense_cells[0],
+                     dense_cells[1], dense_cells[2], dense_cells[3],
+                     f"{equal}saved / bound {ratio:.2f} <= {WINDOW_MEMORY_TARGET}", window_status])
+    table(
+        f"3. Long sequences, causal, forward+backward (batch=1, heads=1, head_dim=64, {device.type}; 'saved' = "
+        f"activations autograd keeps for backward; window bound = 4·B·H·L'·(2w + 5·head_dim) + L'·2w bytes, "
+        f"L' = ceil(L/w)·w; dense run only within {DENSE_BUDGET // 2**20} MiB)",
+        ["L", "kernel vs reference", "kernel (ms)", "reference (ms)", "time ratio", "kernel saved (MiB)",
+         "reference saved (MiB)", "target", "status"],
+        rows,
+    )
+    for L, use in dense_usage.items():
+        print(f"\nDense masked reference at L = {L}, one forward+backward: {use.user * 1e3:.0f} ms user + "
+              f"{use.system * 1e3:.0f} ms system CPU time, {use.page_faults:,} page faults (fresh 4 KiB pages "
+              f"zeroed by the operating system): its wall time above counts both.")
+    return all(r[-1] in MET for r in rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     parser.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke test")
-    parser.add_argument("--only", choices=["torch", "paths"], help="run one of the two tables")
+    parser.add_argument("--only", choices=["torch", "paths", "long"], help="run one of the three tables")
     args = parser.parse_args()
     seed_everything(0)
     device = get_device(args.device)
@@ -147,6 +294,8 @@ def main() -> int:
         met = bench_vs_torch(device, args.quick)
     if args.only in (None, "paths"):
         bench_explicit_vs_fused(device, args.quick)
+    if args.only in (None, "long"):
+        met = bench_long(device, args.quick) and met
     return 0 if met else TARGET_MISSED
 
 
