@@ -239,7 +239,7 @@ def bench_long(device: torch.device, quick: bool) -> bool:
                         warmup=1)
         bound = window_bound_bytes(batch, heads, L, window, head_dim)
         mib = 2**20
-        tiled_target = f"max |diff| {tiled_diff:.1e} <= {EQUAL_ATOL:.0e}"
+        tiled_target = f"max abs diff {tiled_diff:.1e} <= {EQUAL_ATOL:.0e}"
         tiled_ok = tiled_diff <= EQUAL_ATOL
         if grad_diff is not None:
             tiled_target += f", grads {grad_diff:.1e} <= {GRAD_ATOL:.0e}"
@@ -261,7 +261,7 @@ def bench_long(device: torch.device, quick: bool) -> bool:
         window_status = status(ratio, WINDOW_MEMORY_TARGET, higher_is_better=False)
         if not window_ok:
             window_status = "NO"
-        equal = f"max |diff| {window_diff:.1e}{'' if dense_fits else ' (banded SDPA)'}, "
+        equal = f"max abs diff {window_diff:.1e}{'' if dense_fits else ' (banded SDPA)'}, "
         rows.append([str(L), f"window w={window} vs dense masked", f"{times['window'] * 1e3:.0f}", dense_cells[0],
                      dense_cells[1], dense_cells[2], dense_cells[3],
                      f"{equal}saved / bound {ratio:.2f} <= {WINDOW_MEMORY_TARGET}", window_status])

@@ -145,6 +145,25 @@ def test_greedy_gives_the_targets_greedy_tokens(k, kind):
         assert stats.acceptance_rate < 0.5
 
 
+def test_rejections_are_counted_once_per_round_that_ends_early():
+    target = _gpt(0, n_layers=3)
+    for kind in ("same", "shallow", "other_seed"):
+        draft = _draft(target, kind)
+        for k in (1, 3):
+            _, stats = speculative_generate(target, draft, PROMPT, 27, k=k, temperature=0)
+            assert stats.accepted + stats.rejected <= stats.proposed and stats.rejected <= stats.target_passes
+            if k == 1:  # every proposal is tested: accepted or rejected
+                assert stats.accepted + stats.rejected == stats.proposed
+            if kind == "same":
+                assert stats.rejected == 0 and stats.alpha == 1.0
+            else:
+                assert stats.rejected > 0 and stats.alpha < 1
+                if k == 3 and stats.accepted:  # untested proposals after a rejection count against acceptance_rate only
+                    assert stats.acceptance_rate < stats.alpha
+    empty = SpeculativeStats()
+    assert empty.alpha != empty.alpha  # NaN when nothing was tested
+
+
 @pytest.mark.parametrize("preset, overrides", [("tiny", {"position": "rope"}), ("tiny", {"position": "alibi"}),
                                                ("tiny", {"position": "t5"}), ("llama-tiny", {}),
                                                ("llama-tiny", {"sliding_window": 4})])

@@ -56,6 +56,9 @@ class SpeculativeStats:
     Attributes:
         proposed: draft tokens proposed (over all rounds).
         accepted: of those, accepted by the target.
+        rejected: of those, rejected by the target: one per round that ended before its proposals
+            ran out. The proposals after a rejection are never tested, so ``proposed`` can exceed
+            ``accepted + rejected``.
         target_passes: target forward passes, one per round (prompt included in the first).
         draft_passes: draft forward passes, one per proposed token.
         generated: tokens emitted; always ``accepted + target_passes`` (each round adds one token
@@ -64,6 +67,7 @@ class SpeculativeStats:
 
     proposed: int = 0
     accepted: int = 0
+    rejected: int = 0
     target_passes: int = 0
     draft_passes: int = 0
     generated: int = 0
@@ -72,6 +76,18 @@ class SpeculativeStats:
     def acceptance_rate(self) -> float:
         """``accepted / proposed`` (NaN when nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else math.nan
+
+    @property
+    def alpha(self) -> float:
+        """``accepted / (accepted + rejected)``: the chance that a *tested* proposal is accepted.
+
+        This estimates Leviathan et al.'s per-token acceptance rate ``α = E[Σ min(p, q)]``, from
+        which ``(1 − α^{k+1}) / (1 − α)`` predicts the tokens per target pass. It is at least
+        :attr:`acceptance_rate`, which also counts the untested proposals after each rejection as
+        lost (NaN when nothing was tested).
+        """
+        tested = self.accepted + self.rejected
+        return self.accepted / tested if tested else math.nan
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -200,6 +216,7 @@ def speculative_generate(target: GPT, draft: GPT, ids: Tensor, max_new_tokens: i
                 d_cache.crop(start + n)
             stats.proposed += k_round
             stats.accepted += n
+            stats.rejected += int(n < k_round)
             stats.target_passes += 1
             stats.draft_passes += k_round
     stats.generated = out.shape[1] - ids.shape[1]
