@@ -180,7 +180,9 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
 
     Each step samples from :func:`sampling_probs` of the last position's logits
     (``temperature=0``: greedy). With ``use_cache`` the prompt is run once into a
-    :class:`~companion.attention.KVCache` and each step runs the model on the new token alone;
+    :class:`~companion.attention.KVCache` and each step runs the model on the new token alone
+    (a model with ``config.sliding_window`` and no padding gets a
+    :class:`~companion.attention.RollingKVCache`: memory O(window), whatever the length);
     without, each step re-runs the whole sequence. Both give the same tokens (with the same
     seeded ``generator`` when sampling).
 
@@ -230,7 +232,10 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
         positions = torch.cat([start, start[:, -1:] + steps], dim=1)  # (batch, total)
     fill = eos_id if pad_id is None else pad_id
     with _EvalMode(model):
-        cache = model.make_cache(batch, total) if use_cache else None
+        # a sliding-window model keeps only its last window of keys (Mistral's rolling buffer), unless
+        # padding needs the keys' true positions
+        rolling = model.config.sliding_window is not None and keep is None
+        cache = model.make_cache(batch, total, rolling=rolling) if use_cache else None
         logits = model(ids, cache=cache, attention_mask=keep,
                        positions=None if positions is None else positions[:, :prompt_len])[:, -1]
         out, finished = ids, torch.zeros(batch, dtype=torch.bool, device=ids.device)

@@ -218,3 +218,20 @@ def test_decoders_return_ordinary_tensors_that_training_can_use():
     assert not greedy.is_inference() and not beams.is_inference()
     assert not any(b.is_inference() for b in m.buffers())
     teacher_forcing_loss(m, (src, greedy)).backward()
+
+
+def test_a_sliding_window_gpt_generates_through_a_rolling_cache(monkeypatch):
+    from companion.attention import RollingKVCache
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.preset("llama-tiny", sliding_window=5)).eval()
+    made = []
+    make_cache = model.make_cache
+    monkeypatch.setattr(model, "make_cache", lambda *a, **k: made.append(make_cache(*a, **k)) or made[-1])
+    prompt = torch.randint(256, (2, 7))  # longer than the window, and 30 new tokens more
+    cached = generate(model, prompt, 30, temperature=0)
+    assert isinstance(made[-1], RollingKVCache) and made[-1].stored() == 5  # memory O(window)
+    torch.testing.assert_close(cached, generate(model, prompt, 30, temperature=0, use_cache=False), rtol=0, atol=0)
+    sampled = [generate(model, prompt, 30, generator=torch.Generator().manual_seed(1), use_cache=c)
+               for c in (True, False)]
+    assert torch.equal(*sampled)
