@@ -1,6 +1,8 @@
 """Synthetic tasks generated on the fly, seeded, with no downloads.
 
 * :func:`first_token_recall` — a long-range dependency classification task (Chapter 1).
+* :func:`key_value_retrieval` — associative recall at a controlled distance: find the value a
+  query key was paired with, ``distance`` positions back, among distractor pairs (Chapter 14b).
 * Sequence-to-sequence tasks for the encoder-decoder Transformer (Chapter 9), each with its own
   source and target vocabularies (:class:`Seq2SeqVocab`): :class:`CopyTask`, :class:`ReverseTask`,
   :class:`SortTask` (symbols to symbols) and two small "translations", :class:`DateTask`
@@ -14,12 +16,15 @@
 from __future__ import annotations
 
 import datetime
+import operator
 from collections.abc import Sequence
 
 import torch
 
 __all__ = [
     "first_token_recall",
+    "key_value_retrieval",
+    "key_value_vocab_size",
     "Seq2SeqVocab",
     "pad_sequences",
     "Seq2SeqTask",
@@ -57,6 +62,95 @@ def first_token_recall(
     noise = torch.randint(n_symbols, n_symbols + n_noise, (n_samples, n_distractors), generator=generator)
     query = torch.full((n_samples, 1), n_symbols + n_noise)
     return torch.cat([labels[:, None], noise, query], dim=1), labels
+
+
+def key_value_vocab_size(n_keys: int = 8, n_values: int = 8, n_filler: int = 4) -> int:
+    """The vocabulary size of :func:`key_value_retrieval`: ``n_keys · n_values + n_filler + n_keys``."""
+    return n_keys * n_values + n_filler + n_keys
+
+
+def key_value_retrieval(
+    n_samples: int,
+    seq_len: int,
+    distance: int | torch.Tensor,
+    n_keys: int = 8,
+    n_values: int = 8,
+    n_pairs: int = 4,
+    n_filler: int = 4,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Associative recall at a controlled distance: which value was the query key paired with?
+
+    Each sequence is ``seq_len`` tokens: filler, ``n_pairs`` *pair* tokens with distinct keys, and at
+    the last position ``seq_len - 1`` a *query* token naming one of those keys. The pair with the
+    queried key sits exactly ``distance`` positions before the query, at ``seq_len - 1 - distance``;
+    the other pairs (the distractors) sit at random other positions. Every value is drawn uniformly
+    and independently, so nothing but the queried pair says anything about the label: a model that
+    cannot see that pair is at chance, ``1 / n_values``.
+
+    Token ids (``vocab_size = key_value_vocab_size(n_keys, n_values, n_filler)``):
+
+    * ``key · n_values + value`` for the pair "key holds value" (``0 … n_keys · n_values − 1``);
+    * ``n_keys · n_values + f`` for filler ``f < n_filler``;
+    * ``n_keys · n_values + n_filler + key`` for the query "what does key hold?".
+
+    Args:
+        n_samples: sequences to draw.
+        seq_len: tokens per sequence, ``>= n_pairs + 1``.
+        distance: from the query back to the queried pair, in ``[1, seq_len − 1]``: one integer for
+            every sequence (an ``int`` or anything ``operator.index`` accepts, e.g. ``numpy.int64``),
+            or a 1-D integer tensor ``(n_samples,)`` of per-sequence distances.
+        n_keys, n_values: how many keys and values exist (``n_keys >= n_pairs``, ``n_values >= 2``).
+        n_pairs: pairs per sequence, the queried one included (``>= 1``).
+        n_filler: distinct filler tokens (``>= 1``).
+        generator: a ``torch.Generator`` (CPU) for reproducible draws.
+
+    Returns:
+        ``(tokens, labels)``: ``(n_samples, seq_len)`` and ``(n_samples,)`` int64 on the CPU; the
+        labels are values in ``[0, n_values)``.
+    """
+    for name, value, low in (("n_samples", n_samples, 1), ("seq_len", seq_len, 2), ("n_keys", n_keys, 1),
+                             ("n_values", n_values, 2), ("n_pairs", n_pairs, 1), ("n_filler", n_filler, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if n_pairs > n_keys:
+        raise ValueError(f"n_pairs must be <= n_keys={n_keys} (the keys of a sequence are distinct), got {n_pairs}")
+    if n_pairs > seq_len - 1:
+        raise ValueError(f"seq_len must be >= n_pairs + 1 = {n_pairs + 1} (the pairs and the query), got {seq_len}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if isinstance(distance, torch.Tensor):
+        if distance.shape != (n_samples,) or distance.is_floating_point() or distance.dtype == torch.bool:
+            raise ValueError(f"distance must be an int or an integer tensor of shape (n_samples,)=({n_samples},), "
+                             f"got a tensor of shape {tuple(distance.shape)} and dtype {distance.dtype}")
+        distance = distance.long().cpu()
+    else:
+        try:  # an int, numpy.int64, ...: anything operator.index accepts, except a bool
+            if isinstance(distance, bool) or type(distance).__name__ == "bool_":
+                raise TypeError
+            distance = torch.full((n_samples,), operator.index(distance), dtype=torch.long)
+        except TypeError:
+            raise ValueError(f"distance must be an int or an integer tensor of shape (n_samples,), "
+                             f"got {distance!r}") from None
+    if int(distance.min()) < 1 or int(distance.max()) > seq_len - 1:
+        raise ValueError(f"distance must lie in [1, seq_len - 1 = {seq_len - 1}], got values from "
+                         f"{int(distance.min())} to {int(distance.max())}")
+
+    n_pair_ids = n_keys * n_values
+    rows = torch.arange(n_samples)[:, None]
+    tokens = n_pair_ids + torch.randint(n_filler, (n_samples, seq_len), generator=generator)
+    keys = torch.rand(n_samples, n_keys, generator=generator).argsort(dim=1)[:, :n_pairs]  # distinct per row
+    values = torch.randint(n_values, (n_samples, n_pairs), generator=generator)
+    # Positions: the queried pair (column 0) at seq_len - 1 - distance; the distractors at distinct
+    # random positions before the query, never on the queried pair's.
+    target = seq_len - 1 - distance  # (n_samples,)
+    scores = torch.rand(n_samples, seq_len - 1, generator=generator)
+    scores[torch.arange(n_samples), target] = -1.0  # rand is in [0, 1): never among the top
+    others = scores.topk(n_pairs - 1, dim=1).indices  # (n_samples, n_pairs - 1)
+    positions = torch.cat([target[:, None], others], dim=1)  # (n_samples, n_pairs)
+    tokens[rows, positions] = keys * n_values + values
+    tokens[:, -1] = n_pair_ids + n_filler + keys[:, 0]
+    return tokens, values[:, 0].clone()
 
 
 # --------------------------------------------------------------------------------------------
