@@ -43,9 +43,10 @@ BENCHMARKS = {
     "attention": ["attention.py"],
     "bpe": ["bpe.py"],
     "gpt": ["gpt.py"],
+    "inference": ["inference.py"],
 }
 QUICK = {"attention": ["--quick"], "bpe": ["--vocab-size", "2048", "--naive-vocab", "512", "--repeats", "1"],
-         "gpt": ["--quick"]}
+         "gpt": ["--quick"], "inference": ["--quick"]}
 # The highest 1-minute load average at which a run may replace a committed table without --force:
 # other work on the machine takes cores from one side of a ratio more than from the other.
 LOAD_LIMIT = 0.5
@@ -70,7 +71,7 @@ def versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     found = [f"torch {torch.__version__}"]
-    for package in ("transformers", "tokenizers"):
+    for package in ("transformers", "tokenizers", "torchao"):
         try:
             found.append(f"{package} {version(package)}")
         except PackageNotFoundError:
