@@ -181,7 +181,7 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
     Each step samples from :func:`sampling_probs` of the last position's logits
     (``temperature=0``: greedy). With ``use_cache`` the prompt is run once into a
     :class:`~companion.attention.KVCache` and each step runs the model on the new token alone
-    (a model with ``config.sliding_window`` and no padding gets a
+    (a model with ``config.sliding_window``, no padding and no ALiBi or T5 bias gets a
     :class:`~companion.attention.RollingKVCache`: memory O(window), whatever the length);
     without, each step re-runs the whole sequence. Both give the same tokens (with the same
     seeded ``generator`` when sampling).
@@ -233,8 +233,9 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
     fill = eos_id if pad_id is None else pad_id
     with _EvalMode(model):
         # a sliding-window model keeps only its last window of keys (Mistral's rolling buffer), unless
-        # padding needs the keys' true positions
-        rolling = model.config.sliding_window is not None and keep is None
+        # padding or a score bias (ALiBi, T5) needs the keys' true positions
+        biased = model.config.position in ("alibi", "t5")
+        rolling = model.config.sliding_window is not None and keep is None and not biased
         cache = model.make_cache(batch, total, rolling=rolling) if use_cache else None
         logits = model(ids, cache=cache, attention_mask=keep,
                        positions=None if positions is None else positions[:, :prompt_len])[:, -1]
