@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from companion._validation import check_int
+
 __all__ = [
     "first_token_recall",
     "key_value_retrieval",
@@ -111,8 +113,7 @@ def key_value_retrieval(
     """
     for name, value, low in (("n_samples", n_samples, 1), ("seq_len", seq_len, 2), ("n_keys", n_keys, 1),
                              ("n_values", n_values, 2), ("n_pairs", n_pairs, 1), ("n_filler", n_filler, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(name, value, low)
     if n_pairs > n_keys:
         raise ValueError(f"n_pairs must be <= n_keys={n_keys} (the keys of a sequence are distinct), got {n_pairs}")
     if n_pairs > seq_len - 1:
