@@ -63,9 +63,12 @@ def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None =
     """The distribution generation samples the next token from: ``(..., vocab)`` logits -> probabilities.
 
     Applied in this order: temperature, top-k, top-p (as Hugging Face's ``generate`` does).
-    ``temperature=0`` gives a one-hot vector on the argmax (greedy). ``top_k=1`` is greedy too;
-    ``top_p=1`` and ``top_k=None`` leave the softmax untouched. Ties at the top-k boundary are all
-    kept. The result is float32 (at least) and sums to 1 along the last dim.
+    ``temperature=0`` gives a one-hot vector on the argmax (greedy). ``top_p=1`` and
+    ``top_k=None`` leave the softmax untouched. ``top_k`` keeps every token whose logit ties the
+    ``k``-th largest, as Hugging Face's ``TopKLogitsWarper`` does, so ``top_k=1`` is greedy only
+    where the largest logit is unique; with a tie it samples among the tied tokens (trained models'
+    float logits almost never tie; ``temperature=0`` breaks a tie by the lowest id). The result is
+    float32 (at least) and sums to 1 along the last dim.
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         got = f"dtype {logits.dtype}" if isinstance(logits, Tensor) else type(logits).__name__
@@ -189,6 +192,12 @@ def generate(model: GPT, ids: Tensor, max_new_tokens: int, *, temperature: float
     Prompts of different lengths come left-padded, with an ``attention_mask`` (see
     :func:`pad_prompts` and the module docstring): each row then gets the tokens it would get
     alone, greedy or sampled from the same distribution.
+
+    Past ``config.max_len``: a learned position table has no row there, so a request that would
+    need one is a ``ValueError``. The other schemes (RoPE, sinusoidal, ALiBi, T5, none) give every
+    position a value, and the model's forward pass accepts longer inputs, so generation goes on
+    past ``max_len`` as that forward pass would: the model then reads positions it never trained
+    on (extrapolation, which Chapters 6b and 14c measure).
 
     Args:
         model: a :class:`~companion.models.gpt.GPT` (put in eval mode for the call).

@@ -4,7 +4,9 @@ GPT-2's scheme (Radford et al., 2019, §2.3), used whenever ``config.init_std`` 
 projection and embedding drawn from N(0, init_std²), biases zero, and the projections that write
 into the residual stream (attention's ``out_proj``, the FFN's output) scaled down by
 ``1/√(2 · depth)``, so the stream's variance does not grow with depth. With ``init_std=None`` the
-modules keep PyTorch's defaults (as ``torch.nn.Transformer`` does). Either way, token embeddings
+modules keep PyTorch's defaults: Kaiming-uniform linear layers (weights uniform in
+±1/√fan_in) and N(0, 1) embeddings. That is not ``torch.nn.Transformer``'s scheme, which
+re-draws every matrix Xavier-uniform (Glorot & Bengio, 2010). Either way, token embeddings
 that are multiplied by ``√d_model`` (the original Transformer) start at N(0, 1/d_model), so they
 enter the model at unit scale.
 
@@ -61,14 +63,16 @@ def init_weights(model: nn.Module, config: ModelConfig, depth: int, token_embedd
             nn.init.normal_(embedding.weight, std=config.d_model**-0.5)
 
 
-def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Iterable[nn.Embedding]) -> None:
+def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Iterable[nn.Embedding],
+                    output: nn.Linear | None = None) -> None:
     """T5's initial weights (Raffel et al., 2020; as Hugging Face's ``T5PreTrainedModel``), in place.
 
     Each projection is drawn from N(0, 1/fan_in): queries ``(d_model · head_dim)^-1/2`` when the
     scores are unscaled (``config.attention_scale == 1``, T5's choice; ``d_model^-1/2`` otherwise),
     keys and values ``d_model^-1/2``, attention output ``(heads · head_dim)^-1/2``, FFN input
     ``d_model^-1/2`` and output ``d_ff^-1/2``; token embeddings N(0, 1) (a tied output projection
-    rescales the states by ``d_model^-1/2``); relative position biases ``d_model^-1/2``; norms 1.
+    rescales the states by ``d_model^-1/2``), and an untied ``output`` projection N(0, 1) too
+    (T5 v1.1; its states are not rescaled); relative position biases ``d_model^-1/2``; norms 1.
 
     T5 was trained with Adafactor (Shazeer & Stern, 2018), whose steps scale with each weight's
     size. Adam's steps do not: on the small query weights the same learning rate moves the
@@ -95,3 +99,5 @@ def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Ite
             nn.init.normal_(module.relative_attention_bias.weight, std=d_model**-0.5)
     for embedding in token_embeddings:
         nn.init.normal_(embedding.weight, std=1.0)
+    if output is not None:
+        nn.init.normal_(output.weight, std=1.0)

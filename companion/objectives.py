@@ -118,16 +118,25 @@ def nsp_pairs(passages: Sequence[Sequence[int]], n: int,
     return out
 
 
-def pack_pair(a: Sequence[int], b: Sequence[int], *, cls_id: int, sep_id: int,
-              max_len: int) -> tuple[list[int], list[int]]:
+def pack_pair(a: Sequence[int], b: Sequence[int], *, cls_id: int, sep_id: int, max_len: int,
+              generator: torch.Generator | None = None) -> tuple[list[int], list[int]]:
     """``[CLS] a [SEP] b [SEP]`` and its segment ids (0 for A, 1 for B), trimmed to ``max_len``.
 
-    The longer of ``a`` and ``b`` loses tokens from its end first, as BERT's data pipeline does.
+    Trimming removes one token at a time from the longer segment until the pair fits. Without a
+    ``generator`` each token comes off the segment's end, as BERT's fine-tuning code does
+    (``_truncate_seq_pair`` in ``run_classifier.py``), except that a tie shortens ``a`` here (``b``
+    there). With a ``generator``, as BERT's pre-training data (``truncate_seq_pair`` in
+    ``create_pretraining_data.py``): a tie shortens ``b``, and each token comes off the front or the
+    end with probability 1/2, "to add more randomness and avoid biases".
     """
     check_int("max_len", max_len, 5)
     a, b = list(a), list(b)
     while len(a) + len(b) > max_len - 3:
-        (a if len(a) >= len(b) else b).pop()
+        if generator is None:
+            (a if len(a) >= len(b) else b).pop()
+        else:
+            longer = a if len(a) > len(b) else b
+            longer.pop(0 if torch.rand((), generator=generator) < 0.5 else -1)
     ids = [cls_id, *a, sep_id, *b, sep_id]
     return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
 

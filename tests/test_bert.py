@@ -8,6 +8,7 @@ import torch
 from companion.config import ModelConfig
 from companion.models.bert import BERT, SequenceClassifier, distil_student
 from companion.utils import count_parameters
+from tests.hf_parity import randomize_
 
 
 def _hf(cls_name="BertForPreTraining"):
@@ -16,7 +17,7 @@ def _hf(cls_name="BertForPreTraining"):
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=40)
-    return getattr(transformers, cls_name)(config).eval()
+    return randomize_(getattr(transformers, cls_name)(config).eval())
 
 
 def _batch():
@@ -54,6 +55,29 @@ def test_from_hf_bare_model_gives_equal_hidden_and_pooled():
     torch.testing.assert_close(got.hidden[mask.bool()], expected.last_hidden_state[mask.bool()], atol=1e-4, rtol=1e-4)
     with pytest.raises(TypeError, match="BertModel or BertForPreTraining"):
         BERT.from_hf(torch.nn.Linear(2, 2))
+
+
+def test_parity_would_see_a_swapped_pair_of_layer_norms():
+    # the parity tests' power: with random weights, exchanging two norms changes the outputs
+    hf = _hf()
+    ours = BERT.from_hf(hf)
+    block = ours.layers[0]
+    ids, segments, mask = _batch()
+    with torch.no_grad():
+        before = ours(ids, segments, mask).hidden
+        first, second = block.self_norm.weight, block.ffn_norm.weight
+        first.data, second.data = second.data.clone(), first.data.clone()
+        after = ours(ids, segments, mask).hidden
+    assert (after - before).abs().max() > 1e-2
+
+
+def test_from_hf_refuses_an_untied_mlm_decoder():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=40, tie_word_embeddings=False)
+    untied = randomize_(transformers.BertForPreTraining(config).eval())
+    with pytest.raises(ValueError, match="MLM decoder cls.predictions.decoder.weight is not tied"):
+        BERT.from_hf(untied)
 
 
 def test_bert_base_has_the_published_size():

@@ -42,6 +42,19 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     torch.testing.assert_close(sampling_probs(logits[perm], top_p=0.6), sampling_probs(logits, top_p=0.6)[perm])
 
 
+def test_top_k_keeps_ties_at_the_boundary_as_hugging_face_does():
+    # a tie with the k-th largest logit keeps every tied token, so top_k = 1 is greedy only without a tie
+    logits = torch.tensor([[2.0, 1.0, 2.0, 0.5, 1.0, -1.0]])
+    torch.testing.assert_close(sampling_probs(logits, top_k=1), torch.tensor([[0.5, 0, 0.5, 0, 0, 0]]))
+    three = sampling_probs(logits, top_k=3)  # the 3rd largest, 1.0, ties with another: four tokens kept
+    assert (three > 0).tolist() == [[True, True, True, False, True, False]]
+    assert torch.equal(sampling_probs(logits, temperature=0), torch.tensor([[1.0, 0, 0, 0, 0, 0]]))  # lowest id
+    transformers = pytest.importorskip("transformers")
+    for k in (1, 2, 3, 5):
+        warped = transformers.TopKLogitsWarper(top_k=k)(None, logits.clone())
+        torch.testing.assert_close(sampling_probs(logits, top_k=k), warped.softmax(-1))
+
+
 def test_sampling_probs_bad_arguments():
     logits = torch.randn(4)
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
@@ -67,6 +80,19 @@ def test_cached_and_uncached_generation_give_the_same_tokens(position):
                         use_cache=use) for use in (True, False)]
     assert torch.equal(*sampled)
     assert greedy.shape == (2, 36) and torch.equal(greedy[:, :6], prompt)
+
+
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "alibi", "t5"])
+def test_generation_past_max_len_continues_as_the_forward_pass_does(position):
+    # schemes that give every position a value extrapolate past max_len; a learned table refuses
+    model = _gpt(position=position, max_len=8).eval()
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    out = generate(model, prompt, 12, temperature=0)  # 17 tokens, more than max_len = 8
+    assert out.shape == (2, 17) and torch.equal(out, generate(model, prompt, 12, temperature=0, use_cache=False))
+    with torch.no_grad():
+        assert torch.equal(model(out[:, :-1])[:, 4:].argmax(-1), out[:, 5:])  # each new token: the full pass's argmax
+    with pytest.raises(ValueError, match="max_len=8 learned positions"):
+        generate(_gpt(position="learned", max_len=8), prompt, 12)
 
 
 def test_greedy_takes_the_argmax_of_the_model():

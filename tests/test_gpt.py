@@ -13,6 +13,7 @@ from companion.config import POSITIONS, ModelConfig
 from companion.models.gpt import GPT, CausalClassifier
 from companion.positional import alibi_bias
 from companion.utils import count_parameters
+from tests.hf_parity import randomize_
 
 VOCAB = 11
 
@@ -167,7 +168,7 @@ def _hf_gpt2(**kw):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                      bos_token_id=0, eos_token_id=0, **kw)
-    return transformers.GPT2LMHeadModel(config).eval()
+    return randomize_(transformers.GPT2LMHeadModel(config).eval())
 
 
 def _hf_llama(**kw):
@@ -176,12 +177,7 @@ def _hf_llama(**kw):
     config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norm weights, so that a swapped norm would show
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
-    return model
+    return randomize_(transformers.LlamaForCausalLM(config).eval())  # every weight its own: a swap would show
 
 
 @pytest.mark.parametrize("make", [_hf_gpt2, lambda: _hf_gpt2(activation_function="relu", tie_word_embeddings=False),

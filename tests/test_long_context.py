@@ -13,6 +13,7 @@ from companion.config import ModelConfig, RopeScaling
 from companion.generation import generate
 from companion.models.gpt import GPT
 from companion.positional import RotaryEmbedding
+from tests.hf_parity import randomize_
 
 VOCAB = 13
 
@@ -225,12 +226,7 @@ def _hf_model(name: str, **kw):
         vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=128, bos_token_id=None, eos_token_id=None, pad_token_id=0, **kw)
     config._attn_implementation = "eager"
-    model = getattr(transformers, f"{name}ForCausalLM")(config).eval()
-    with torch.no_grad():  # non-trivial norm weights, so that a swapped norm would show
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(0.3 * torch.randn_like(p))
-    return model
+    return randomize_(getattr(transformers, f"{name}ForCausalLM")(config).eval())  # every weight its own
 
 
 def test_from_hf_mistral_gives_equal_logits_and_greedy_tokens_beyond_the_window():

@@ -65,6 +65,26 @@ def test_nsp_pairs_and_packing():
     assert ids == [1, 5, 6, 7, 2, 8, 9, 2] and segments == [0, 0, 0, 0, 0, 1, 1, 1]
     ids, _ = pack_pair(list(range(10, 20)), [8, 9], cls_id=1, sep_id=2, max_len=8)
     assert ids == [1, 10, 11, 12, 2, 8, 9, 2]  # the longer passage loses tokens from its end
+    ids, _ = pack_pair([5, 6, 7], [8, 9, 10], cls_id=1, sep_id=2, max_len=8)
+    assert ids == [1, 5, 6, 2, 8, 9, 10, 2]  # a tie shortens a first
+
+
+def test_pack_pair_with_a_generator_trims_both_ends_as_bert_pre_training_does():
+    a, b = list(range(100, 140)), list(range(200, 220))
+    g = torch.Generator().manual_seed(0)
+    firsts, lasts = set(), set()
+    for _ in range(200):
+        ids, segments = pack_pair(a, b, cls_id=1, sep_id=2, max_len=32, generator=g)
+        sep = ids.index(2)
+        kept_a, kept_b = ids[1:sep], ids[sep + 1 : -1]
+        assert len(ids) == 32 and segments == [0] * (len(kept_a) + 2) + [1] * (len(kept_b) + 1)
+        assert len(kept_b) <= len(kept_a) <= len(kept_b) + 1  # the longer shrinks; a tie shortens b
+        for kept, whole in ((kept_a, a), (kept_b, b)):
+            start = whole.index(kept[0])
+            assert kept == whole[start : start + len(kept)]  # a contiguous piece of the passage
+        firsts.add(kept_a[0])
+        lasts.add(kept_a[-1])
+    assert len(firsts) > 5 and len(lasts) > 5  # cut at the front and at the end
 
 
 @settings(max_examples=40, deadline=None)

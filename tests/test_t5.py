@@ -11,6 +11,7 @@ from companion.config import ModelConfig
 from companion.generation import beam_search, greedy_decode
 from companion.models.t5 import T5
 from companion.utils import count_parameters
+from tests.hf_parity import randomize_
 
 
 def _hf(**kw):
@@ -19,7 +20,7 @@ def _hf(**kw):
     torch.manual_seed(0)
     config = transformers.T5Config(vocab_size=60, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=4,
                                    decoder_start_token_id=0, **kw)
-    return transformers.T5ForConditionalGeneration(config).eval()
+    return randomize_(transformers.T5ForConditionalGeneration(config).eval())
 
 
 def _batch():
@@ -101,6 +102,10 @@ def test_initialisation_matches_hf_t5_scales(ffn):
         pairs += [(ffn_ours.w1.weight, ffn_hf.wi.weight), (ffn_ours.w2.weight, ffn_hf.wo.weight)]
     else:
         pairs += [(ffn_ours.w_gate.weight, ffn_hf.wi_0.weight), (ffn_ours.w_out.weight, ffn_hf.wo.weight)]
+    untied = T5(config.replace(tie_embeddings=False))
+    hf_untied = transformers.T5ForConditionalGeneration(hf_config.__class__(**{**hf_config.to_dict(),
+                                                                               "tie_word_embeddings": False}))
+    pairs.append((untied.out_proj.weight, hf_untied.lm_head.weight))  # T5 v1.1's own output layer: N(0, 1)
     for mine, theirs in pairs:
         assert mine.std().item() == pytest.approx(theirs.std().item(), rel=0.1)
     assert attn.in_proj.weight[:q_rows].std() < 0.25 * attn.in_proj.weight[q_rows:].std()  # 1/sqrt(32) smaller

@@ -160,6 +160,8 @@ def bert_from_state_dict(cls, hf_config, sd: dict[str, Tensor], device=None, dty
     config = _bert_config(hf_config)
     p0 = "bert." if "bert.embeddings.word_embeddings.weight" in sd else ""
     heads = any(k.startswith("cls.") for k in sd)
+    if heads:
+        _check_tied_decoder(sd, p0 + "embeddings.word_embeddings.weight")
     if p0 + "pooler.dense.weight" not in sd:
         raise ValueError("cannot convert this model: it has no pooler (add_pooling_layer=False)")
     model = cls(config).to(device=device, dtype=dtype)
@@ -188,6 +190,18 @@ def bert_from_state_dict(cls, hf_config, sd: dict[str, Tensor], device=None, dty
     if heads:
         _copy(model.mlm_bias, sd["cls.predictions.bias"], "cls.predictions.bias")
     return model.eval()
+
+
+def _check_tied_decoder(sd: dict[str, Tensor], word_embeddings: str) -> None:
+    """Refuse an MLM decoder that is not the word embeddings (companion's BERT ties them, as Devlin et al. do)."""
+    for key, tied_to in (("cls.predictions.decoder.weight", word_embeddings),
+                         ("cls.predictions.decoder.bias", "cls.predictions.bias")):
+        if key in sd and tied_to in sd and not torch.equal(sd[key], sd[tied_to]):
+            same_shape = sd[key].shape == sd[tied_to].shape
+            gap = (f"max |difference| {(sd[key].float() - sd[tied_to].float()).abs().max().item():.3g}" if same_shape
+                   else f"shapes {tuple(sd[key].shape)} and {tuple(sd[tied_to].shape)}")
+            raise ValueError(f"cannot convert this model: its MLM decoder {key} is not tied to {tied_to} "
+                             f"({gap}); companion's BERT ties them, as BERT does (tie_word_embeddings=True)")
 
 
 def _t5_config(c) -> ModelConfig:

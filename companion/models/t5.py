@@ -47,7 +47,7 @@ class T5(Transformer):
             raise ValueError(f"T5 shares one vocabulary: tgt_vocab_size must be None, got {config.tgt_vocab_size}")
         super().__init__(config)
         if config.init_std is None:  # T5's own scheme; an explicit init_std keeps GPT-2's
-            init_t5_weights(self, config, [self.src_embed])
+            init_t5_weights(self, config, [self.src_embed], output=self.out_proj)
 
     def project(self, h: Tensor) -> Tensor:
         """Logits from decoder states; a tied projection first rescales by ``d_model^−0.5`` (as T5 does)."""

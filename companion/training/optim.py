@@ -2,10 +2,12 @@
 
 Adam's L2 penalty is scaled by the adaptive denominator, so weights with large gradients are
 barely regularised; AdamW *decouples* weight decay from the gradient step,
-``θ ← θ − lr · (m̂ / (√v̂ + ε) + λ θ)``. As in GPT-2, BERT and most recipes, the decay applies
-to the matrices of linear layers only: biases, normalisation gains and embeddings (token and
-position tables) are excluded — shrinking a LayerNorm gain or a rare token's embedding towards
-zero has no regularising purpose.
+``θ ← θ − lr · (m̂ / (√v̂ + ε) + λ θ)``. Here the decay applies to the matrices of linear layers
+only. Biases and normalisation gains are excluded, as BERT's optimiser (by name: ``LayerNorm``,
+``bias``) and Hugging Face's training scripts exclude them: shrinking a gain towards zero has no
+regularising purpose. Embeddings (token and position tables) are a choice recipes differ on:
+BERT and nanoGPT decay them, minGPT does not. We do not: a rare token's row gets a gradient only
+when the token occurs, while decay would shrink it at every step.
 """
 
 from __future__ import annotations
