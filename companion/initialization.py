@@ -3,10 +3,14 @@
 GPT-2's scheme (Radford et al., 2019, §2.3), used whenever ``config.init_std`` is set: every
 projection and embedding drawn from N(0, init_std²), biases zero, and the projections that write
 into the residual stream (attention's ``out_proj``, the FFN's output) scaled down by
-``1/√(2 · depth)``, so the stream's variance does not grow with depth. With ``init_std=None`` the
-modules keep PyTorch's defaults: Kaiming-uniform linear layers (weights uniform in
-±1/√fan_in) and N(0, 1) embeddings. That is not ``torch.nn.Transformer``'s scheme, which
-re-draws every matrix Xavier-uniform (Glorot & Bengio, 2010). Either way, token embeddings
+``1/√(2 · depth)``, so the stream's variance does not grow with depth. With ``init_std=None`` each
+module keeps its own default: ``nn.Linear`` draws weights and biases uniform in ±1/√fan_in
+(PyTorch's ``kaiming_uniform_`` with ``a=√5``, a third of LeCun's variance); ``nn.Embedding``
+draws N(0, 1); :class:`~companion.attention.MultiHeadAttention` draws its query/key/value
+projection Xavier-uniform and zeroes its biases, as ``torch.nn.MultiheadAttention`` does;
+:class:`~companion.positional.LearnedPositionalEmbedding` draws N(0, 0.02²). That is not
+``torch.nn.Transformer``'s scheme, which re-draws every matrix Xavier-uniform (Glorot & Bengio,
+2010). Either way, token embeddings
 that are multiplied by ``√d_model`` (the original Transformer) start at N(0, 1/d_model), so they
 enter the model at unit scale.
 

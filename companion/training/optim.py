@@ -6,8 +6,9 @@ barely regularised; AdamW *decouples* weight decay from the gradient step,
 only. Biases and normalisation gains are excluded, as BERT's optimiser (by name: ``LayerNorm``,
 ``bias``) and Hugging Face's training scripts exclude them: shrinking a gain towards zero has no
 regularising purpose. Embeddings (token and position tables) are a choice recipes differ on:
-BERT and nanoGPT decay them, minGPT does not. We do not: a rare token's row gets a gradient only
-when the token occurs, while decay would shrink it at every step.
+BERT, nanoGPT and Hugging Face's ``Trainer`` decay them, minGPT does not. We do not: an untied
+embedding row gets a gradient only when its token occurs (a tied one gets a small one at every
+step), while decay would shrink it at every step. Tied, the output layer is then not decayed either.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ _NO_DECAY_MODULES = (nn.Embedding, LearnedPositionalEmbedding, T5RelativePositio
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two optimizer groups: the weight matrices of linear layers (decayed), and everything else (not).
 
-    A parameter shared by two modules (tied embeddings) is listed once, in the group of its
-    first owner's kind: an embedding matrix tied to the output layer is not decayed.
+    A parameter shared by two modules (tied embeddings) is listed once, and not decayed if any of
+    its owners is an embedding or a norm: an embedding matrix tied to the output layer is not decayed.
     """
     no_decay: dict[int, nn.Parameter] = {}
     for module in model.modules():
