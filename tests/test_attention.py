@@ -301,6 +301,37 @@ def test_gqa_equals_mha_with_shared_kv_weights(n_kv_heads):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_gqa_fused_path_passes_shared_kv_heads_without_copying_them(monkeypatch, masked):
+    # the fused kernel gets h_kv key/value heads (enable_gqa), not an h/h_kv-fold copy: what a cached
+    # decoding step reads shrinks with n_kv_heads, and the output equals the copying (explicit) path
+    from companion.attention import KVCache
+
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(32, 8, n_kv_heads=2).eval()
+    x = torch.randn(2, 9, 32)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    if masked:
+        mask[1, ..., :3] = False  # left padding in the second row
+    m = mask if masked else None
+    expected, _ = gqa(x, mask=m, causal=True, need_weights=True)  # the explicit path repeats K and V
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q.shape[1], k.shape[1], kw.get("enable_gqa", False)))
+        return real_sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(MultiHeadAttention, "_repeat_kv", lambda self, t: pytest.fail("fused path copied K/V"))
+    torch.testing.assert_close(gqa(x, mask=m, causal=True)[0], expected, atol=1e-5, rtol=1e-5)
+    cache = KVCache(1, 2, 2, 4, 16)  # one layer, batch 2, 2 kv heads of width 4, 16 positions
+    gqa(x[:, :8], mask=None if m is None else m[..., :8], causal=True, cache=cache)
+    step, _ = gqa(x[:, 8:], mask=m, causal=True, cache=cache)  # one cached decoding step
+    torch.testing.assert_close(step, expected[:, 8:], atol=1e-5, rtol=1e-5)
+    assert calls and all(c == (8, 2, True) for c in calls), calls
+
+
 def test_gqa_with_n_kv_heads_equal_to_n_heads_is_mha():
     ref = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     ours = MultiHeadAttention(16, 4, n_kv_heads=4).eval()

@@ -124,8 +124,12 @@ def fused_attention(
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
-          scale: float | None, is_causal: bool) -> Tensor:
-    """:func:`fused_attention` without the checks (for callers that validated their inputs)."""
+          scale: float | None, is_causal: bool, enable_gqa: bool = False) -> Tensor:
+    """:func:`fused_attention` without the checks (for callers that validated their inputs).
+
+    ``enable_gqa``: ``k`` and ``v`` have ``heads / group`` heads, query head ``i`` reading key/value
+    head ``i // group``; PyTorch's kernel then reads the shared heads without copying them.
+    """
     row_ok = None
     if mask is not None:
         # Same guard as the explicit path: let an all-masked row attend everywhere, then zero it,
@@ -138,7 +142,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | N
         if mask is not None:
             attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                         scale=scale)
+                                         scale=scale, enable_gqa=enable_gqa)
     if row_ok is not None:
         out = out * row_ok
     return out

@@ -33,7 +33,9 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_heads`` (default ``n_heads``) sets how many key/value heads there are: each group of
     ``n_heads / n_kv_heads`` consecutive query heads shares one (GQA, Ainslie et al., 2023);
     ``n_kv_heads=1`` is multi-query attention (Shazeer, 2019). Only the keys and values shrink, and
-    with them the KV cache, by ``n_heads / n_kv_heads``.
+    with them the KV cache, by ``n_heads / n_kv_heads``. The fused path hands the shared heads to
+    PyTorch's kernel as they are (``enable_gqa``), so a cached decoding step reads that much less;
+    the explicit path (``need_weights=True``) and the sliding-window kernel repeat them per query head.
 
     As in nanoGPT and ``torch.nn.MultiheadAttention``, W^Q, W^K, W^V are stacked in one
     ``in_proj`` Linear (rows: the ``n_heads`` query heads, then the keys, then the values), so
@@ -259,8 +261,9 @@ class MultiHeadAttention(nn.Module):
         elif need_weights:
             out, weights = scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), mask, bias,
                                                         dropout_p, scale=self.scale)
-        else:
-            out = _sdpa(q, self._repeat_kv(k), self._repeat_kv(v), mask, bias, dropout_p, self.scale, is_causal)
+        else:  # grouped heads go to the kernel as they are: no h / h_kv-fold copy of the keys and values
+            grouped = self.n_kv_heads < self.n_heads
+            out = _sdpa(q, k, v, mask, bias, dropout_p, self.scale, is_causal, enable_gqa=grouped)
             weights = None
         out = out.transpose(1, 2).reshape(batch, q_len, h * d)  # concatenate the heads
         return self.out_proj(out), weights
