@@ -332,6 +332,25 @@ def test_gqa_fused_path_passes_shared_kv_heads_without_copying_them(monkeypatch,
     assert calls and all(c == (8, 2, True) for c in calls), calls
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype, masked, native", [(torch.float16, False, True), (torch.float32, False, False),
+                                                   (torch.float16, True, False)])
+def test_cuda_gqa_hands_shared_heads_over_only_to_kernels_that_read_them(monkeypatch, dtype, masked, native):
+    # on CUDA only FlashAttention (half precision, no mask) reads shared heads; otherwise the heads are
+    # repeated, so that the memory-efficient kernel, not the math fallback, serves the call
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(64, 8, n_kv_heads=2).to("cuda", dtype).eval()
+    x = torch.randn(2, 16, 64, device="cuda", dtype=dtype)
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool, device="cuda") if masked else None
+    expected, _ = gqa(x, mask=mask, causal=True, need_weights=True)
+    repeats = []
+    real = MultiHeadAttention._repeat_kv
+    monkeypatch.setattr(MultiHeadAttention, "_repeat_kv", lambda self, t: repeats.append(1) or real(self, t))
+    got, _ = gqa(x, mask=mask, causal=True)
+    torch.testing.assert_close(got.float(), expected.float(), atol=1e-2, rtol=1e-2)
+    assert (not repeats) == native
+
+
 def test_gqa_with_n_kv_heads_equal_to_n_heads_is_mha():
     ref = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     ours = MultiHeadAttention(16, 4, n_kv_heads=4).eval()

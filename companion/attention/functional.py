@@ -128,7 +128,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | N
     """:func:`fused_attention` without the checks (for callers that validated their inputs).
 
     ``enable_gqa``: ``k`` and ``v`` have ``heads / group`` heads, query head ``i`` reading key/value
-    head ``i // group``; PyTorch's kernel then reads the shared heads without copying them.
+    head ``i // group``. PyTorch's CPU kernel and its CUDA FlashAttention kernel then read the shared
+    heads without copying them; its CUDA math fallback repeats them (and builds the scores).
     """
     row_ok = None
     if mask is not None:

@@ -33,9 +33,11 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_heads`` (default ``n_heads``) sets how many key/value heads there are: each group of
     ``n_heads / n_kv_heads`` consecutive query heads shares one (GQA, Ainslie et al., 2023);
     ``n_kv_heads=1`` is multi-query attention (Shazeer, 2019). Only the keys and values shrink, and
-    with them the KV cache, by ``n_heads / n_kv_heads``. The fused path hands the shared heads to
-    PyTorch's kernel as they are (``enable_gqa``), so a cached decoding step reads that much less;
-    the explicit path (``need_weights=True``) and the sliding-window kernel repeat them per query head.
+    with them the KV cache, by ``n_heads / n_kv_heads``. Where PyTorch's fused kernel reads shared
+    heads natively (its CPU kernel; on a GPU, FlashAttention in half precision without a mask), the
+    fused path hands them over as they are (``enable_gqa``), so a cached decoding step reads that
+    much less; elsewhere, and in the explicit path (``need_weights=True``) and the sliding-window
+    kernel, they are repeated per query head first.
 
     As in nanoGPT and ``torch.nn.MultiheadAttention``, W^Q, W^K, W^V are stacked in one
     ``in_proj`` Linear (rows: the ``n_heads`` query heads, then the keys, then the values), so
@@ -261,9 +263,16 @@ class MultiHeadAttention(nn.Module):
         elif need_weights:
             out, weights = scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), mask, bias,
                                                         dropout_p, scale=self.scale)
-        else:  # grouped heads go to the kernel as they are: no h / h_kv-fold copy of the keys and values
-            grouped = self.n_kv_heads < self.n_heads
-            out = _sdpa(q, k, v, mask, bias, dropout_p, self.scale, is_causal, enable_gqa=grouped)
+        else:
+            # grouped heads go to the kernel as they are where PyTorch reads them natively (its CPU kernel; on a
+            # GPU, FlashAttention: half precision, no mask or bias); elsewhere its math fallback would build
+            # the (q_len, k_len) scores, so the memory-efficient kernel gets an h / h_kv-fold copy instead
+            half = q.dtype in (torch.float16, torch.bfloat16)
+            native = self.n_kv_heads < self.n_heads and (
+                q.device.type == "cpu" or (q.device.type == "cuda" and mask is None and bias is None and half))
+            if not native:
+                k, v = self._repeat_kv(k), self._repeat_kv(v)
+            out = _sdpa(q, k, v, mask, bias, dropout_p, self.scale, is_causal, enable_gqa=native)
             weights = None
         out = out.transpose(1, 2).reshape(batch, q_len, h * d)  # concatenate the heads
         return self.out_proj(out), weights
