@@ -10,9 +10,8 @@ draws N(0, 1); :class:`~companion.attention.MultiHeadAttention` draws its query/
 projection Xavier-uniform and zeroes its biases, as ``torch.nn.MultiheadAttention`` does;
 :class:`~companion.positional.LearnedPositionalEmbedding` draws N(0, 0.02²). That is not
 ``torch.nn.Transformer``'s scheme, which re-draws every matrix Xavier-uniform (Glorot & Bengio,
-2010). Either way, token embeddings
-that are multiplied by ``√d_model`` (the original Transformer) start at N(0, 1/d_model), so they
-enter the model at unit scale.
+2010). Either way, token embeddings that are multiplied by ``√d_model`` (the original
+Transformer) start at N(0, 1/d_model), so they enter the model at unit scale.
 
 T5 has its own scheme (:func:`init_t5_weights`, Mesh TensorFlow's and Hugging Face's): every
 matrix drawn from N(0, 1/fan_in), the token embeddings from N(0, 1), and, because T5 does not

@@ -74,7 +74,13 @@ def test_cpu_usage_of_counts_work_and_fresh_pages():
     assert busy.user >= busy.system
 
     def touch_fresh_memory():
-        torch.ones(64 * 2**20 // 4)  # 64 MiB, written once: every page is new to the process
+        # 64 MiB of anonymous memory mapped here and written once: every page is new to the process
+        # (a torch.ones of that size may instead reuse a block the allocator kept from an earlier test)
+        block = mmap.mmap(-1, 64 * 2**20)
+        pages = torch.frombuffer(block, dtype=torch.uint8)
+        pages.fill_(1)
+        del pages
+        block.close()
 
     usage = cpu_usage_of(touch_fresh_memory)
     if os.name != "nt":  # Windows does not count page faults
