@@ -99,7 +99,11 @@ class ModelConfig:
         bias: biases in the attention and FFN projections.
         tie_embeddings: the output projection is the (target) token embedding matrix.
         scale_embeddings: multiply token embeddings by ``√d_model`` (the original Transformer).
-        dropout: on embeddings, attention weights, FFN hidden units and every residual branch.
+        dropout: on embeddings, attention weights and every residual branch, and on the FFN's
+            hidden units unless ``ffn_dropout`` says otherwise.
+        ffn_dropout: dropout on the FFN's hidden units; None = ``dropout`` (T5, the book's small
+            models). BERT, GPT-2 and the original Transformer have none there (0.0 in their
+            presets): their FFN output is dropped as a residual branch only.
         residual: keep the skip connections (False only for Chapter 8's experiment).
         attention_scale: factor on ``q·kᵀ``; None = ``1/√head_dim`` (T5 uses 1.0).
         rope_base: RoPE's wavelength scale θ.
@@ -114,9 +118,13 @@ class ModelConfig:
             (whose ``window`` counts the keys *before* the query). Encoders ignore it.
         t5_num_buckets, t5_max_distance: T5's relative-position buckets.
         init_std: standard deviation of the normal initialisation of projections and
-            embeddings (GPT-2: 0.02); None keeps PyTorch's defaults. Note that with
+            embeddings (GPT-2, BERT, LLaMA: 0.02); None keeps PyTorch's defaults. Note that with
             ``position="sinusoidal"`` the unit-scale sinusoids swamp embeddings of std 0.02: use
             ``scale_embeddings=True`` (as the original Transformer does) or ``init_std=None``.
+        residual_init_scale: with ``init_std``, draw the projections that write into the
+            residual stream with std ``init_std / √(2 · n_layers)`` (GPT-2, Radford et al. 2019,
+            §2.3); False draws them at ``init_std`` like every other matrix (BERT and Hugging
+            Face's LLaMA: False in their presets).
         pad_id: the padding id (masked in the source of an encoder-decoder, ignored by losses).
         embedding_norm: normalise the summed embeddings before the first block (BERT).
         type_vocab_size: segment ("token type") embeddings, e.g. 2 for BERT's sentence A / B;
@@ -149,11 +157,13 @@ class ModelConfig:
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     init_std: float | None = 0.02
+    residual_init_scale: bool = True
     pad_id: int = 0
     embedding_norm: bool = False
     type_vocab_size: int = 0
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
+    ffn_dropout: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "t5_num_buckets", "t5_max_distance"):
@@ -165,7 +175,7 @@ class ModelConfig:
                               ("ffn", FFNS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        for name in ("bias", "tie_embeddings", "scale_embeddings", "residual", "embedding_norm"):
+        for name in ("bias", "tie_embeddings", "scale_embeddings", "residual", "embedding_norm", "residual_init_scale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         segments = self.type_vocab_size
@@ -184,8 +194,12 @@ class ModelConfig:
                              f"got {self.resolved_head_dim}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"d_model must be even for position='sinusoidal', got {self.d_model}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a float in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "ffn_dropout"):
+            value = getattr(self, name)
+            if name == "ffn_dropout" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
         for name in ("norm_eps", "rope_base"):
             _positive_float(name, getattr(self, name))
         for name in ("attention_scale", "init_std"):
@@ -226,6 +240,11 @@ class ModelConfig:
         if self.ffn in ("swiglu", "geglu"):
             return 8 * math.ceil(8 * self.d_model / 3 / 8)
         return 4 * self.d_model
+
+    @property
+    def resolved_ffn_dropout(self) -> float:
+        """``ffn_dropout``, or ``dropout`` when it is not set."""
+        return self.dropout if self.ffn_dropout is None else self.ffn_dropout
 
     @property
     def resolved_final_norm(self) -> bool:
@@ -280,22 +299,25 @@ def _positive_float(name: str, value: object) -> None:
 _GPT2 = dict(position="learned", norm="layernorm", norm_position="pre", ffn="gelu_tanh", bias=True,
              tie_embeddings=True, norm_eps=1e-5)
 _LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, norm_position="pre", ffn="swiglu", bias=False,
-              tie_embeddings=False)
+              tie_embeddings=False, residual_init_scale=False)
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "gpt2-small": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_len=1024, dropout=0.1, **_GPT2),
+    "gpt2-small": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_len=1024, dropout=0.1,
+                       ffn_dropout=0.0, **_GPT2),
     "transformer-base": dict(vocab_size=37000, d_model=512, n_layers=6, n_decoder_layers=6, n_heads=8, d_ff=2048,
                              max_len=1024, position="sinusoidal", norm="layernorm", norm_position="post", ffn="relu",
-                             dropout=0.1, scale_embeddings=True, init_std=None),
+                             dropout=0.1, ffn_dropout=0.0, scale_embeddings=True, init_std=None),
     "transformer-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_decoder_layers=2, n_heads=4, d_ff=256,
                              max_len=256, position="sinusoidal", norm="layernorm", norm_position="post", ffn="relu",
                              scale_embeddings=True, init_std=None),
     "bert-base": dict(vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512,
                       position="learned", norm="layernorm", norm_eps=1e-12, norm_position="post", ffn="gelu",
-                      bias=True, tie_embeddings=True, dropout=0.1, embedding_norm=True, type_vocab_size=2),
+                      bias=True, tie_embeddings=True, dropout=0.1, embedding_norm=True, type_vocab_size=2,
+                      residual_init_scale=False, ffn_dropout=0.0),
     "bert-tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=128, position="learned",
                       norm="layernorm", norm_eps=1e-12, norm_position="post", ffn="gelu", bias=True,
-                      tie_embeddings=True, embedding_norm=True, type_vocab_size=2),
+                      tie_embeddings=True, embedding_norm=True, type_vocab_size=2, residual_init_scale=False,
+                      ffn_dropout=0.0),
     "t5-small": dict(vocab_size=32128, d_model=512, n_layers=6, n_decoder_layers=6, n_heads=8, head_dim=64,
                      d_ff=2048, max_len=512, position="t5", norm="rmsnorm", norm_eps=1e-6, norm_position="pre",
                      ffn="relu", bias=False, tie_embeddings=True, attention_scale=1.0, dropout=0.1, init_std=None),

@@ -173,11 +173,12 @@ def make_ffn(config: ModelConfig) -> nn.Module:
     """The feed-forward network a :class:`~companion.config.ModelConfig` asks for.
 
     ``config.ffn`` names it: a plain :class:`FeedForward` with that activation, or a gated one
-    (``"swiglu"``, ``"geglu"``), of hidden width ``config.resolved_d_ff``.
+    (``"swiglu"``, ``"geglu"``), of hidden width ``config.resolved_d_ff``, with dropout
+    ``config.resolved_ffn_dropout`` on its hidden units.
     """
-    d_ff = config.resolved_d_ff
+    d_ff, dropout = config.resolved_d_ff, config.resolved_ffn_dropout
     if config.ffn == "swiglu":
-        return SwiGLU(config.d_model, d_ff, dropout=config.dropout, bias=config.bias)
+        return SwiGLU(config.d_model, d_ff, dropout=dropout, bias=config.bias)
     if config.ffn == "geglu":
-        return GatedFeedForward(config.d_model, d_ff, activation="gelu_tanh", dropout=config.dropout, bias=config.bias)
-    return FeedForward(config.d_model, d_ff, config.ffn, dropout=config.dropout, bias=config.bias)
+        return GatedFeedForward(config.d_model, d_ff, activation="gelu_tanh", dropout=dropout, bias=config.bias)
+    return FeedForward(config.d_model, d_ff, config.ffn, dropout=dropout, bias=config.bias)

@@ -3,7 +3,9 @@
 GPT-2's scheme (Radford et al., 2019, §2.3), used whenever ``config.init_std`` is set: every
 projection and embedding drawn from N(0, init_std²), biases zero, and the projections that write
 into the residual stream (attention's ``out_proj``, the FFN's output) scaled down by
-``1/√(2 · depth)``, so the stream's variance does not grow with depth. With ``init_std=None`` each
+``1/√(2 · depth)``, so the stream's variance does not grow with depth. BERT (Devlin et al., 2019)
+and Hugging Face's LLaMA draw every matrix from N(0, 0.02²) without that scaling:
+``config.residual_init_scale=False``, as their presets set it. With ``init_std=None`` each
 module keeps its own default: ``nn.Linear`` draws weights and biases uniform in ±1/√fan_in
 (PyTorch's ``kaiming_uniform_`` with ``a=√5``, a third of LeCun's variance); ``nn.Embedding``
 draws N(0, 1); :class:`~companion.attention.MultiHeadAttention` draws its query/key/value
@@ -40,13 +42,13 @@ def init_weights(model: nn.Module, config: ModelConfig, depth: int, token_embedd
 
     Args:
         model: the whole model.
-        config: its configuration (``init_std``, ``scale_embeddings``, ``d_model``).
+        config: its configuration (``init_std``, ``residual_init_scale``, ``scale_embeddings``, ``d_model``).
         depth: the number of blocks whose outputs add up in one residual stream.
         token_embeddings: the token embedding tables (scaled by ``√d_model`` if the config says so).
     """
     std = config.init_std
     if std is not None:
-        residual_std = std / math.sqrt(2 * depth)
+        residual_std = std / math.sqrt(2 * depth) if config.residual_init_scale else std
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=std)

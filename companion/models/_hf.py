@@ -73,7 +73,7 @@ def _llama_config(c) -> ModelConfig:
                        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, position="rope",
                        rope_base=base, rope_scaling=scaling, sliding_window=getattr(c, "sliding_window", None),
                        norm="rmsnorm", norm_eps=c.rms_norm_eps, norm_position="pre", ffn="swiglu", bias=bias,
-                       tie_embeddings=bool(c.tie_word_embeddings), dropout=0.0)
+                       tie_embeddings=bool(c.tie_word_embeddings), dropout=0.0, residual_init_scale=False)
 
 
 def gpt_from_hf(cls, hf_model: nn.Module):
@@ -136,8 +136,8 @@ def _bert_config(c) -> ModelConfig:
                        n_heads=c.num_attention_heads, d_ff=c.intermediate_size, max_len=c.max_position_embeddings,
                        position="learned", norm="layernorm", norm_eps=c.layer_norm_eps, norm_position="post",
                        ffn=_GPT2_ACTIVATIONS[c.hidden_act], bias=True, tie_embeddings=True, dropout=0.0,
-                       embedding_norm=True, type_vocab_size=c.type_vocab_size,
-                       pad_id=c.pad_token_id if c.pad_token_id is not None else 0)
+                       embedding_norm=True, type_vocab_size=c.type_vocab_size, residual_init_scale=False,
+                       ffn_dropout=0.0, pad_id=c.pad_token_id if c.pad_token_id is not None else 0)
 
 
 def bert_from_hf(cls, hf_model: nn.Module):

@@ -63,7 +63,10 @@ class BERT(nn.Module):
     Args:
         config: a :class:`~companion.config.ModelConfig` — ``ModelConfig.preset("bert-base")`` or
             ``"bert-tiny"``; ``type_vocab_size`` segment embeddings (0: none), post-norm,
-            ``embedding_norm=True``.
+            ``embedding_norm=True``. The presets initialise as BERT does (Hugging Face's
+            ``BertPreTrainedModel``): every matrix and embedding from N(0, 0.02²), biases 0, no
+            depth scaling of the residual projections (``residual_init_scale=False``), and no
+            dropout inside the FFN (``ffn_dropout=0.0``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
