@@ -326,15 +326,20 @@ def length_penalty(length: int, alpha: float) -> float:
 def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None, beam_size: int = 4,
                 max_len: int = 32,
                 alpha: float = 0.6, return_scores: bool = False, *,
-                use_cache: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+                use_cache: bool = True, early_stopping: bool = True) -> Tensor | tuple[Tensor, Tensor]:
     """Keep the ``beam_size`` best partial translations at every step; return the best finished one.
 
     Beam search is the decoder of Sutskever et al. (2014) and of the Transformer paper (beam 4).
     A hypothesis' score is its total log-probability divided by :func:`length_penalty` (Wu et
     al., 2016; ``alpha = 0``: plain log-probability, which favours short outputs; the
-    Transformer uses ``alpha = 0.6``). A hypothesis that emits ``eos_id`` is finished; the
-    search stops once ``beam_size`` hypotheses are finished (or at ``max_len``, when the
-    unfinished ones are scored as they are). ``beam_size=1`` is greedy decoding.
+    Transformer uses ``alpha = 0.6``). A hypothesis that emits ``eos_id`` is finished. With
+    ``early_stopping`` (the default) the search stops once ``beam_size`` hypotheses are finished,
+    as the Transformer's decoder did ("terminate early when possible"); a longer hypothesis that
+    would have scored higher is then never seen. With ``early_stopping=False`` it goes on while a
+    live hypothesis could still win: log-probabilities only fall and the normaliser only grows, so
+    a live beam can at best reach ``logp / length_penalty(max_len, alpha)``, and the search stops
+    when that bound is below the best finished score. At ``max_len`` the unfinished hypotheses are
+    scored as they are. ``beam_size=1`` is greedy decoding.
 
     With ``use_cache`` each step runs the decoder on the beams' last tokens only; the
     self-attention cache is reordered to follow each surviving beam's parent.
@@ -345,6 +350,8 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None
         beam_size: hypotheses kept per step.
         alpha: length-penalty exponent.
         return_scores: also return the best normalised score of each row ``(batch,)``.
+        early_stopping: stop at ``beam_size`` finished hypotheses (True) or when no live one can
+            beat the best finished (False).
 
     Returns:
         ``(batch, L)`` ids starting with ``<bos>``, right-padded with ``pad_id`` (and the scores).
@@ -378,8 +385,13 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None
                         parents.append(i // vocab)
                     if len(keep_beams) == beam_size:
                         break
-                if len(finished) >= beam_size or not keep_beams:
+                if not keep_beams:
                     break
+                if early_stopping and len(finished) >= beam_size:
+                    break
+                if not early_stopping and finished and (
+                        max(keep_logp) / length_penalty(max_len, alpha) <= max(f[0] for f in finished)):
+                    break  # no live beam can beat the best finished one
                 beams, logp = torch.stack(keep_beams), torch.tensor(keep_logp, device=src.device)
                 if use_cache:  # each surviving beam continues its parent's cached keys and values
                     index = torch.tensor(parents, device=src.device)

@@ -203,6 +203,42 @@ def test_beam_search_with_beam_one_is_greedy_and_scores_are_consistent():
     assert scores[0] >= g_logp - 1e-4
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
+def test_beam_search_without_early_stopping_finds_the_exhaustive_best(alpha):
+    """A beam as wide as every hypothesis, searched on while one could win, returns what brute force returns."""
+    import itertools
+
+    from companion.generation import length_penalty
+
+    m = _seq2seq(tgt_vocab_size=4).eval()  # target ids 0..3: 0 pad, 1 <bos>, 2 <eos>; any may be emitted
+    decode = m.decode  # <eos> made likely, so that short hypotheses finish first (forward uses decode too)
+    m.decode = lambda *args, **kw: decode(*args, **kw) + torch.tensor([0.0, 0.0, 2.0, 0.0])
+    src = torch.randint(3, 8, (4, 4), generator=torch.Generator().manual_seed(3))
+    max_len, gained = 4, []
+    for row in range(len(src)):
+        best = -float("inf")
+        with torch.no_grad():
+            for length in range(1, max_len + 1):
+                for seq in itertools.product(range(4), repeat=length):
+                    if 2 in seq[:-1]:
+                        continue  # <eos> ends a hypothesis
+                    ids = torch.tensor([[1, *seq]])
+                    logp = m(src[row:row + 1], ids[:, :-1]).log_softmax(-1)[0, torch.arange(length), ids[0, 1:]].sum()
+                    if seq[-1] == 2 or length == max_len:
+                        best = max(best, logp.item() / length_penalty(length, alpha))
+        _, score = beam_search(m, src[row:row + 1], 1, 2, beam_size=64, max_len=max_len, alpha=alpha,
+                               return_scores=True, early_stopping=False)
+        assert score.item() == pytest.approx(best, abs=1e-4)
+        _, early = beam_search(m, src[row:row + 1], 1, 2, beam_size=8, max_len=max_len, alpha=alpha,
+                               return_scores=True)
+        _, patient = beam_search(m, src[row:row + 1], 1, 2, beam_size=8, max_len=max_len, alpha=alpha,
+                                 return_scores=True, early_stopping=False)
+        assert patient.item() >= early.item() - 1e-6  # searching on never returns a worse score
+        gained.append(patient.item() > early.item() + 1e-6)
+    if alpha > 0:  # the normaliser rewards length: stopping at 8 finished misses longer winners
+        assert any(gained)
+
+
 def test_greedy_without_an_end_token_runs_every_step():
     m = _seq2seq()
     src = torch.randint(3, 8, (2, 4))
