@@ -326,20 +326,23 @@ def length_penalty(length: int, alpha: float) -> float:
 def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None, beam_size: int = 4,
                 max_len: int = 32,
                 alpha: float = 0.6, return_scores: bool = False, *,
-                use_cache: bool = True, early_stopping: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+                use_cache: bool = True, early_stopping: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Keep the ``beam_size`` best partial translations at every step; return the best finished one.
 
     Beam search is the decoder of Sutskever et al. (2014) and of the Transformer paper (beam 4).
     A hypothesis' score is its total log-probability divided by :func:`length_penalty` (Wu et
     al., 2016; ``alpha = 0``: plain log-probability, which favours short outputs; the
-    Transformer uses ``alpha = 0.6``). A hypothesis that emits ``eos_id`` is finished. With
-    ``early_stopping`` (the default) the search stops once ``beam_size`` hypotheses are finished,
-    as the Transformer's decoder did ("terminate early when possible"); a longer hypothesis that
-    would have scored higher is then never seen. With ``early_stopping=False`` it goes on while a
-    live hypothesis could still win: log-probabilities only fall and the normaliser only grows, so
-    a live beam can at best reach ``logp / length_penalty(max_len, alpha)``, and the search stops
-    when that bound is below the best finished score. At ``max_len`` the unfinished hypotheses are
-    scored as they are. ``beam_size=1`` is greedy decoding.
+    Transformer uses ``alpha = 0.6``). A hypothesis that emits ``eos_id`` is finished (any
+    ``eos_id`` candidate ranked ahead of the ``beam_size``-th live one; Hugging Face counts only
+    those in the top ``beam_size``). By default the search goes on while a live hypothesis could
+    still win: log-probabilities only fall and the normaliser only grows, so a live beam can at
+    best reach ``logp / length_penalty(max_len, alpha)``, and the search stops when that bound is
+    below the best finished score. That is the Transformer's decoder ("terminate early when
+    possible": tensor2tensor's ``_is_finished`` uses the same bound). ``early_stopping=True`` stops
+    as soon as ``beam_size`` hypotheses are finished, as Hugging Face's ``early_stopping=True``
+    does: cheaper, but a longer hypothesis that would have scored higher is never seen. If the
+    search reaches ``max_len``, the unfinished hypotheses are scored as they are. ``beam_size=1``
+    is greedy decoding.
 
     With ``use_cache`` each step runs the decoder on the beams' last tokens only; the
     self-attention cache is reordered to follow each surviving beam's parent.
@@ -350,8 +353,8 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None
         beam_size: hypotheses kept per step.
         alpha: length-penalty exponent.
         return_scores: also return the best normalised score of each row ``(batch,)``.
-        early_stopping: stop at ``beam_size`` finished hypotheses (True) or when no live one can
-            beat the best finished (False).
+        early_stopping: stop at ``beam_size`` finished hypotheses (True), or when no live one can
+            beat the best finished (False, the default).
 
     Returns:
         ``(batch, L)`` ids starting with ``<bos>``, right-padded with ``pad_id`` (and the scores).
@@ -397,7 +400,7 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int | None
                     index = torch.tensor(parents, device=src.device)
                     cache.reorder(index)
                     cross.reorder(index)
-            if len(finished) < beam_size:  # ran out of length: score the live beams as they are
+            else:  # ran out of length (no stop above): score the live beams as they are
                 finished += [(s / length_penalty(beams.shape[1] - 1, alpha), b) for s, b in zip(logp.tolist(), beams)]
             score, seq = max(finished, key=lambda f: f[0])
             best_rows.append(seq)

@@ -230,11 +230,21 @@ def test_beam_search_without_early_stopping_finds_the_exhaustive_best(alpha):
                                return_scores=True, early_stopping=False)
         assert score.item() == pytest.approx(best, abs=1e-4)
         _, early = beam_search(m, src[row:row + 1], 1, 2, beam_size=8, max_len=max_len, alpha=alpha,
-                               return_scores=True)
+                               return_scores=True, early_stopping=True)
         _, patient = beam_search(m, src[row:row + 1], 1, 2, beam_size=8, max_len=max_len, alpha=alpha,
-                                 return_scores=True, early_stopping=False)
+                                 return_scores=True)
         assert patient.item() >= early.item() - 1e-6  # searching on never returns a worse score
         gained.append(patient.item() > early.item() + 1e-6)
+        for beam_size in (1, 2, 8):  # what is returned is a whole hypothesis, scored as it is
+            out, got = beam_search(m, src[row:row + 1], 1, 2, beam_size=beam_size, max_len=max_len, alpha=alpha,
+                                   return_scores=True)
+            seq = out[0].tolist()
+            seq = seq[: seq.index(2) + 1] if 2 in seq[1:] else seq
+            assert seq[-1] == 2 or len(seq) == max_len + 1, seq  # ends with <eos>, or ran out of length
+            with torch.no_grad():
+                ids = torch.tensor([seq])
+                logp = m(src[row:row + 1], ids[:, :-1]).log_softmax(-1)[0, torch.arange(len(seq) - 1), ids[0, 1:]].sum()
+            assert got.item() == pytest.approx(logp.item() / length_penalty(len(seq) - 1, alpha), abs=1e-4)
     if alpha > 0:  # the normaliser rewards length: stopping at 8 finished misses longer winners
         assert any(gained)
 

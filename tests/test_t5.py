@@ -55,7 +55,7 @@ def test_greedy_and_beam_decoding_match_hf_generate():
         beam = hf.generate(src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=3,
                            length_penalty=0.0, early_stopping=True)
     assert torch.equal(greedy_decode(ours, src, 0, 1, max_len=8), greedy)
-    assert torch.equal(beam_search(ours, src, 0, 1, beam_size=3, max_len=8, alpha=0.0), beam)
+    assert torch.equal(beam_search(ours, src, 0, 1, beam_size=3, max_len=8, alpha=0.0, early_stopping=True), beam)
 
 
 def test_t5_small_has_the_published_size_and_shares_one_bias_table_per_stack():
