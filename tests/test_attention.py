@@ -303,8 +303,9 @@ def test_gqa_equals_mha_with_shared_kv_weights(n_kv_heads):
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_gqa_fused_path_passes_shared_kv_heads_without_copying_them(monkeypatch, masked):
-    # the fused kernel gets h_kv key/value heads (enable_gqa), not an h/h_kv-fold copy: what a cached
-    # decoding step reads shrinks with n_kv_heads, and the output equals the copying (explicit) path
+    # the fused kernel gets h_kv key/value heads (enable_gqa), not an h/h_kv-fold copy (no copy is made;
+    # the reads shrink only where the kernel serves a group in one pass), and the output equals the
+    # copying (explicit) path
     from companion.attention import KVCache
 
     torch.manual_seed(0)

@@ -33,11 +33,13 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_heads`` (default ``n_heads``) sets how many key/value heads there are: each group of
     ``n_heads / n_kv_heads`` consecutive query heads shares one (GQA, Ainslie et al., 2023);
     ``n_kv_heads=1`` is multi-query attention (Shazeer, 2019). Only the keys and values shrink, and
-    with them the KV cache, by ``n_heads / n_kv_heads``. Where PyTorch's fused kernel reads shared
+    with them the KV cache, by ``n_heads / n_kv_heads``. Where PyTorch's fused kernel takes shared
     heads natively (its CPU kernel; on a GPU, FlashAttention in half precision without a mask), the
-    fused path hands them over as they are (``enable_gqa``), so a cached decoding step reads that
-    much less; elsewhere, and in the explicit path (``need_weights=True``) and the sliding-window
-    kernel, they are repeated per query head first.
+    fused path hands them over as they are (``enable_gqa``): nothing is copied. What a cached
+    decoding step reads shrinks only where the kernel serves a group's query heads in one pass
+    (FlashAttention's one-token path); the CPU kernel reads each shared head once per query head.
+    Elsewhere, and in the explicit path (``need_weights=True``) and the sliding-window kernel, the
+    shared heads are repeated per query head first.
 
     As in nanoGPT and ``torch.nn.MultiheadAttention``, W^Q, W^K, W^V are stacked in one
     ``in_proj`` Linear (rows: the ``n_heads`` query heads, then the keys, then the values), so
