@@ -18,14 +18,18 @@ book: install
 # kernels: they sum floats in another order, as another reader's CPU would, so a stored output
 # that passes here is portable (see CONTRIBUTING.md). The package tests keep this machine's kernels
 # (torch.compile's CPU code generation does not build under the generic ones). Two workers
-# (pytest-xdist): a test module or a notebook stays in one worker, its cells in order.
+# (pytest-xdist): a test module or a notebook stays in one worker, its cells in order, and each
+# notebook's kernel runs one thread (NOTEBOOK_ENV): two kernels of two OpenMP threads each on two
+# cores spin against each other (a Chapter 4 training cell took 21 s with one thread, over 300 s
+# with two, under load).
+NOTEBOOK_ENV = OMP_NUM_THREADS=1
 test: install
 	$(PYTHON) -m pytest tests -n 2 --dist loadscope
-	$(PORTABLE_ENV) $(PYTHON) -m pytest book $(NBVAL) -n 2 --dist loadscope
+	$(PORTABLE_ENV) $(NOTEBOOK_ENV) $(PYTHON) -m pytest book $(NBVAL) -n 2 --dist loadscope
 
 # Everything with this machine's own (fastest) kernels, in one run.
 test-native: install
-	$(PYTHON) -m pytest tests book $(NBVAL) -n 2 --dist loadscope
+	$(NOTEBOOK_ENV) $(PYTHON) -m pytest tests book $(NBVAL) -n 2 --dist loadscope
 
 lint:
 	$(PYTHON) -m ruff check .
