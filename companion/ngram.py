@@ -26,6 +26,8 @@ checked against a brute-force model written with ``Counter``).
 
 :func:`ngram_cross_entropy` is the one-call form the chapters use: fit on the training ids,
 return the mean negative log-likelihood (nats per token) of the held-out ids.
+:meth:`NGramLM.window_nll` scores the predictions a neural model makes on windows of text, so
+the two are compared over the same positions with the same context.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class NGramLM:
         ids = _as_ids("train_ids", train_ids, vocab_size)
         if ids.numel() < order:
             raise ValueError(f"train_ids must hold at least order={order} tokens, got {ids.numel()}")
+        self._train_ids = ids  # kept for the lower-order models window_nll fits near a window's start
+        self._lower: dict[int, NGramLM] = {}
         self.discount = float(discount)
         self.n_tokens = ids.numel()
         kn = self.smoothing == "kneser_ney"
@@ -154,6 +158,45 @@ class NGramLM:
             raise ValueError(f"ids must hold more than order - 1 = {self.order - 1} tokens, got {ids.numel()}")
         windows = ids.unfold(0, self.order, 1)
         return float(-self.prob(windows[:, :-1], windows[:, -1]).log().mean())
+
+    def window_nll(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """``−log P`` of each next-token prediction a language model makes on windows of text.
+
+        A model fed ``inputs`` predicts ``targets[:, t]`` having seen ``inputs[:, : t + 1]`` only, so
+        the n-gram's context is cut at the window's start as well: position ``t`` is scored by the
+        ``k``-gram model with ``k = min(order, t + 2)`` fitted on the same training ids (a separate
+        model per lower order, fitted once and kept), from the ``k − 1`` inputs before it. Scoring
+        the n-gram with context from before the window would give it information the model lacks.
+
+        Args:
+            inputs: ``(windows, seq)`` token ids; ``targets[:, t]`` follows ``inputs[:, t]``, as in
+                :func:`companion.data.lm_batch` (``targets[:, :-1] == inputs[:, 1:]``).
+            targets: ``(windows, seq)`` token ids.
+
+        Returns:
+            ``(windows, seq)`` float64 negative log-likelihoods (nats), on the CPU; ``.mean()`` is
+            the baseline for the model's mean loss over the same windows.
+        """
+        inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+        if inputs.dim() != 2 or inputs.shape != targets.shape:
+            raise ValueError(f"inputs and targets must be (windows, seq) of one shape, got {tuple(inputs.shape)} "
+                             f"and {tuple(targets.shape)}")
+        for name, ids in (("inputs", inputs), ("targets", targets)):
+            _as_ids(name, ids.reshape(-1), self.vocab_size)
+        inputs, targets = inputs.long().cpu(), targets.long().cpu()
+        nll = torch.empty(targets.shape, dtype=torch.float64)
+        for t in range(targets.shape[1]):
+            k = min(self.order, t + 2)  # the highest order this much context allows
+            nll[:, t] = -self._model(k).prob(inputs[:, t + 2 - k : t + 1], targets[:, t]).log()
+        return nll
+
+    def _model(self, order: int) -> NGramLM:
+        """This model (``order == self.order``) or a model of a lower order on the same ids and settings."""
+        if order == self.order:
+            return self
+        if order not in self._lower:
+            self._lower[order] = NGramLM(self._train_ids, order, self.vocab_size, self.discount, self.smoothing)
+        return self._lower[order]
 
 
 def ngram_cross_entropy(train_ids: Tensor | Sequence[int], eval_ids: Tensor | Sequence[int], order: int,

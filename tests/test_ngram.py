@@ -115,3 +115,37 @@ def test_bad_arguments():
         NGramLM(torch.zeros(2, 2, dtype=torch.long), 2, 3)
     with pytest.raises(ValueError, match="ids must hold more than order - 1 = 2 tokens"):
         NGramLM([0, 1, 2, 0], 3, 3).cross_entropy([0, 1])
+
+
+@pytest.mark.parametrize("smoothing", ["absolute", "kneser_ney"])
+def test_window_nll_cuts_the_context_at_the_window_start(smoothing):
+    g = torch.Generator().manual_seed(3)
+    train = torch.randint(0, 5, (300,), generator=g)
+    text = torch.randint(0, 5, (200,), generator=g)
+    starts = torch.tensor([0, 17, 90, 150])
+    windows = text[starts[:, None] + torch.arange(9)]
+    x, y = windows[:, :-1], windows[:, 1:]  # as lm_batch cuts them
+    lm = NGramLM(train, 3, 5, smoothing=smoothing)
+    nll = lm.window_nll(x, y)
+    assert nll.shape == (4, 8) and nll.dtype == torch.float64
+    # one position at a time, with a separately fitted model of the order the context allows
+    for t in range(8):
+        k = min(3, t + 2)
+        other = NGramLM(train, k, 5, smoothing=smoothing)
+        for w in range(4):
+            context = x[w, t + 2 - k : t + 1].reshape(1, k - 1)
+            expected = -math.log(other.prob(context, y[w, t : t + 1]).item())
+            assert nll[w, t].item() == pytest.approx(expected, abs=1e-12)
+    # from the second position on the full order is used, and the first prediction sees one token only
+    assert torch.allclose(nll[:, 1:], -lm.prob(windows.unfold(1, 3, 1)[:, :, :2].reshape(-1, 2),
+                                               y[:, 1:].reshape(-1)).log().reshape(4, 7))
+    assert not torch.allclose(nll[:, 0], -lm.prob(torch.stack([text[(starts - 1).clamp(min=0)], x[:, 0]], 1),
+                                                  y[:, 0]).log())
+
+
+def test_window_nll_bad_arguments():
+    lm = NGramLM([0, 1, 2, 0, 1], 2, 3)
+    with pytest.raises(ValueError, match=r"must be \(windows, seq\) of one shape"):
+        lm.window_nll(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 3\)"):
+        lm.window_nll(torch.zeros(1, 2, dtype=torch.long), torch.full((1, 2), 3))
