@@ -81,8 +81,9 @@ def init_t5_weights(model: nn.Module, config: ModelConfig, token_embeddings: Ite
 
     T5 was trained with Adafactor (Shazeer & Stern, 2018), whose steps scale with each weight's
     size. Adam's steps do not: on the small query weights the same learning rate moves the
-    attention scores ``√head_dim`` times further, so with AdamW a small T5 with unscaled scores
-    learns more slowly than with ``attention_scale=None`` (Chapter 12, exercise 4, measures it).
+    attention scores ``√head_dim`` times further relative to their size than with
+    ``attention_scale=None`` (Chapter 12, exercise 4, measures one step), which can slow a small
+    T5 trained with AdamW.
     """
     d_model = config.d_model
     for module in model.modules():
