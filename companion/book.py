@@ -62,6 +62,10 @@ def book_device(scale: int) -> torch.device:
     ``scale == 1`` (the run whose outputs the book stores) and the best available device above
     (CUDA, then MPS, then the CPU; see :func:`companion.utils.get_device`).
 
+    On the CPU it also flushes subnormal floats to zero in this thread
+    (:func:`torch.set_flush_denormal`): the speed of a training run then no longer depends on how
+    a CPU handles them, and nothing a chapter prints changes.
+
     Raises:
         ValueError: ``scale`` is not a positive int, or ``$BOOK_DEVICE`` names no device kind.
         RuntimeError: ``$BOOK_DEVICE`` names a device this machine does not have.
@@ -70,8 +74,16 @@ def book_device(scale: int) -> torch.device:
         raise ValueError(f"scale must be a positive int, got {scale!r}")
     chosen = os.environ.get(DEVICE_ENV, "").strip()
     if chosen:
-        return get_device(chosen)
-    return get_device("cpu") if scale == 1 else get_device()
+        device = get_device(chosen)
+    else:
+        device = get_device("cpu") if scale == 1 else get_device()
+    if device.type == "cpu":
+        # Training makes subnormal floats (below 1.2e-38: far softmax tails, vanishing gradients,
+        # Adam's moments of them). Many CPUs take a slow microcode path for every operation on one
+        # (seen here: a Chapter 4 run 5x slower, more with generic kernels); at that size they
+        # cannot move a weight, so flush them to zero, as Chapter 1 explains.
+        torch.set_flush_denormal(True)
+    return device
 
 
 def _plain(value, key: str):

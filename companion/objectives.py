@@ -10,7 +10,8 @@
 * **Span corruption** (T5, Raffel et al., 2020): :func:`span_corrupt` drops random spans (15% of
   the tokens, mean length 3), puts one sentinel per span in the input, and asks for the spans
   after their sentinels — targets much shorter than the input; :func:`t5_lengths` sizes the raw
-  text for a given input length, as T5 does.
+  text for a given input length, as T5 does. :func:`iid_corrupt` is the paper's i.i.d. arm:
+  each token corrupted independently, each run of corrupted tokens written as one span.
 * **Distillation** (DistilBERT, Sanh et al., 2019; Hinton et al., 2015): :func:`distillation_loss`
   combines the teacher's softened predictions, the MLM loss and the alignment of hidden states.
 """
@@ -23,10 +24,11 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from companion._validation import check_int
 
-__all__ = ["mlm_mask", "nsp_pairs", "pack_pair", "span_corrupt", "t5_lengths", "distillation_loss"]
+__all__ = ["mlm_mask", "nsp_pairs", "pack_pair", "span_corrupt", "iid_corrupt", "t5_lengths", "distillation_loss"]
 
 IGNORE = -100  # label of a position that is not predicted (PyTorch's cross-entropy default)
 
@@ -164,6 +166,27 @@ def _noise_mask(length: int, noise_density: float, mean_span_length: float,
     return span_of % 2 == 1
 
 
+def _write_spans(row: Tensor, noise: Tensor, sentinels: Tensor) -> tuple[Tensor, Tensor]:
+    """One row ``(seq,)`` written as T5 writes it: each run of ``noise`` (``(seq,)`` bool) becomes
+    ``sentinels[i]`` in the input, and the target lists run ``i`` after that sentinel."""
+    starts = noise & ~torch.cat([noise.new_zeros(1), noise[:-1]])  # the first token of each span
+    n_spans = int(starts.sum())
+    if n_spans > len(sentinels):
+        raise ValueError(f"sentinel_ids holds {len(sentinels)} sentinels, {n_spans} spans need one each")
+    if n_spans == 0:
+        return row.clone(), row[:0].clone()
+    span = starts.cumsum(0) - 1  # which span each position belongs to (where noise)
+    marks = sentinels.to(row.device)[span.clamp(min=0)]
+    row_in = torch.where(starts, marks, row)[~noise | starts]  # clean tokens, a sentinel per span
+    # In the target, span i is preceded by its sentinel: a noise token t sits after the noise
+    # tokens before it and the i + 1 sentinels of spans 0..i; sentinel i after the noise before span i.
+    noise_before = noise.long().cumsum(0) - noise.long()
+    target = torch.empty(int(noise.sum()) + n_spans, dtype=row.dtype, device=row.device)
+    target[(noise_before + span + 1)[noise]] = row[noise]
+    target[(noise_before + span)[starts]] = sentinels.to(row.device)[:n_spans]
+    return row_in, target
+
+
 def span_corrupt(ids: Tensor, *, noise_density: float = 0.15, mean_span_length: float = 3.0,
                  sentinel_ids: Sequence[int], eos_id: int | None = None,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -200,25 +223,64 @@ def span_corrupt(ids: Tensor, *, noise_density: float = 0.15, mean_span_length: 
     inputs, targets = [], []
     for row in ids:
         noise = _noise_mask(row.numel(), noise_density, mean_span_length, generator).to(row.device)
-        starts = noise & ~torch.cat([noise.new_zeros(1), noise[:-1]])  # the first token of each span
-        n_spans = int(starts.sum())
-        if n_spans > len(sentinels):
-            raise ValueError(f"sentinel_ids holds {len(sentinels)} sentinels, {n_spans} spans need one each")
-        span = starts.cumsum(0) - 1  # which span each position belongs to (where noise)
-        marks = sentinels.to(row.device)[span.clamp(min=0)]
-        inputs.append(torch.where(starts, marks, row)[~noise | starts])  # clean tokens, a sentinel per span
-        # In the target, span i is preceded by its sentinel: a noise token t sits after the noise
-        # tokens before it and the i + 1 sentinels of spans 0..i; sentinel i after the noise before span i.
-        noise_before = noise.long().cumsum(0) - noise.long()
-        target = torch.empty(int(noise.sum()) + n_spans, dtype=row.dtype, device=row.device)
-        target[(noise_before + span + 1)[noise]] = row[noise]
-        target[(noise_before + span)[starts]] = sentinels.to(row.device)[:n_spans]
-        targets.append(target)
+        row_in, row_tgt = _write_spans(row, noise, sentinels)
+        inputs.append(row_in)
+        targets.append(row_tgt)
     inputs_t, targets_t = torch.stack(inputs), torch.stack(targets)
     if eos_id is not None:
         eos = torch.full((ids.shape[0], 1), eos_id, dtype=ids.dtype, device=ids.device)
         inputs_t, targets_t = torch.cat([inputs_t, eos], 1), torch.cat([targets_t, eos], 1)
     return inputs_t, targets_t
+
+
+def iid_corrupt(ids: Tensor, *, noise_density: float = 0.15, sentinel_ids: Sequence[int], eos_id: int | None = None,
+                pad_id: int = 0, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """T5's i.i.d. denoising of each row of ``ids`` ``(batch, seq)``: BERT-style masking written as spans.
+
+    Each token is corrupted independently with probability ``noise_density`` (Raffel et al., 2020,
+    §3.3, the "i.i.d. noise, replace spans" objective of their Table 3), so the corrupted fraction is
+    ``noise_density`` only on average. Each run of consecutive corrupted tokens is then written as
+    :func:`span_corrupt` writes a span: run ``i`` becomes ``sentinel_ids[i]`` in the input, and the
+    target lists each run after its sentinel::
+
+        ids:     The cat sat on the mat today
+        noise:   .   .   x   x  .   .   x
+        inputs:  The cat <s0> the mat <s1>
+        targets: <s0> sat on <s1> today
+
+    At density ``p`` a run starts wherever a token is corrupted and its left neighbour is not,
+    about ``seq · p · (1 − p)`` times per row, so the target holds nearly one sentinel per corrupted
+    token (runs of mean length ``1 / (1 − p)``), where span corruption needs one per ``mean_span_length``.
+
+    Args:
+        ids: token ids ``(batch, seq)``, ``seq >= 1``.
+        noise_density: the chance that a token is corrupted, in ``(0, 1)``.
+        sentinel_ids: the sentinel tokens, in order (T5: ``<extra_id_0>`` = 32099, ``<extra_id_1>``
+            = 32098, …, i.e. ``range(32099, 31999, -1)``); at least as many as the runs of any row.
+        eos_id: appended to both inputs and targets if given.
+        pad_id: rows differ in length, so inputs and targets are right-padded with it (T5: 0).
+        generator: a seeded generator, for reproducible corruption; the noise is one
+            ``torch.rand((batch, seq), generator=generator)`` draw on the CPU.
+
+    Returns:
+        ``(inputs, targets)``, ``(batch, longest input)`` and ``(batch, longest target)``, padded with
+        ``pad_id`` after ``eos_id``; putting each target run back in place of its sentinel gives ``ids``.
+    """
+    ids = _check_ids("ids", ids)
+    if ids.shape[1] < 1:
+        raise ValueError(f"ids must hold at least 1 token per row, got shape {tuple(ids.shape)}")
+    if not 0 < noise_density < 1:
+        raise ValueError(f"noise_density must be in (0, 1), got {noise_density!r}")
+    sentinels = torch.as_tensor(list(sentinel_ids), dtype=ids.dtype)
+    noise = torch.rand(ids.shape, generator=generator, device="cpu").to(ids.device) < noise_density
+    eos = [] if eos_id is None else [torch.tensor([eos_id], dtype=ids.dtype, device=ids.device)]
+    inputs, targets = [], []
+    for row, row_noise in zip(ids, noise):
+        row_in, row_tgt = _write_spans(row, row_noise, sentinels)
+        inputs.append(torch.cat([row_in, *eos]))
+        targets.append(torch.cat([row_tgt, *eos]))
+    return pad_sequence(inputs, batch_first=True, padding_value=pad_id), pad_sequence(
+        targets, batch_first=True, padding_value=pad_id)
 
 
 def t5_lengths(inputs_length: int, noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[int, int]:

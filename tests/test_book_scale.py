@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def clean_env(monkeypatch):
     for name in ("BOOK_SCALE", "BOOK_DEVICE", "BOOK_RESULTS", "BOOK_CHAPTER"):
         monkeypatch.delenv(name, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    torch.set_flush_denormal(False)  # book_device(...) on the CPU switches it on; PyTorch's default is off
+
+
+def _flushes_subnormals() -> bool:
+    # 1e-40 is subnormal in float32; with flushing on, an operation on it gives exactly 0
+    return (torch.tensor([1e-40]) * 1.0).item() == 0.0
 
 
 def test_book_scale_reads_the_environment_over_the_cell(clean_env):
@@ -46,6 +52,14 @@ def test_book_device_is_the_cpu_at_scale_one_unless_told(clean_env):
         book_device(1)
     with pytest.raises(ValueError, match="scale"):
         book_device(0)
+
+
+def test_book_device_flushes_subnormals_on_the_cpu(clean_env):
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush subnormal floats (no SSE3)")
+    assert not _flushes_subnormals()
+    assert book_device(1).type == "cpu"
+    assert _flushes_subnormals()
 
 
 def test_export_headlines_writes_only_when_asked(clean_env, tmp_path):

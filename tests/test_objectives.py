@@ -1,4 +1,5 @@
-"""Tests for companion.objectives: MLM masking, NSP pairs, span corruption, T5 lengths, distillation."""
+"""Tests for companion.objectives: MLM masking, NSP pairs, span corruption, i.i.d. corruption, T5 lengths,
+distillation."""
 
 import pytest
 import torch
@@ -6,7 +7,15 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.objectives import distillation_loss, mlm_mask, nsp_pairs, pack_pair, span_corrupt, t5_lengths
+from companion.objectives import (
+    distillation_loss,
+    iid_corrupt,
+    mlm_mask,
+    nsp_pairs,
+    pack_pair,
+    span_corrupt,
+    t5_lengths,
+)
 
 SPECIALS = [0, 1, 2, 3]  # pad, [CLS], [SEP], [MASK]
 
@@ -119,6 +128,91 @@ def test_span_corruption_targets_are_shorter_and_t5_lengths_match_the_papers_set
                                    generator=torch.Generator().manual_seed(0))
     assert inputs.shape[1] == 128 and targets.shape[1] == target_len
     assert targets.shape[1] < 0.25 * raw  # vs i.i.d. masking, which predicts at the full length
+
+
+T5_SENTINELS = range(32099, 31999, -1)  # <extra_id_0>, <extra_id_1>, ... as T5's vocabulary numbers them
+
+
+def _merge(row_in, row_tgt, eos=None, pad=None):
+    """Put each target run back in place of its sentinel (ids >= 32000), dropping end and padding."""
+    row_in = [t for t in row_in if t not in (eos, pad)]
+    spans, current = {}, None
+    for tok in row_tgt:
+        if tok in (eos, pad):
+            continue
+        if tok >= 32000:
+            current = tok
+            spans[current] = []
+        else:
+            spans[current].append(tok)
+    assert all(len(s) >= 1 for s in spans.values())
+    return [t for tok in row_in for t in (spans[tok] if tok >= 32000 else [tok])], spans
+
+
+def test_iid_corrupt_on_a_hand_checked_example():
+    # torch.rand((2, 4), generator=seed 0) = [[.496, .768, .088, .132], [.307, .634, .490, .896]]:
+    # at density 0.5 the noise is [[x . x x], [x . x .]]
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(torch.rand(2, 4, generator=g) < 0.5, torch.tensor([[1, 0, 1, 1], [1, 0, 1, 0]]).bool())
+    ids = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]])
+    inputs, targets = iid_corrupt(ids, noise_density=0.5, sentinel_ids=T5_SENTINELS, eos_id=1, pad_id=0,
+                                  generator=torch.Generator().manual_seed(0))
+    assert inputs.tolist() == [[32099, 11, 32098, 1, 0], [32099, 15, 32098, 17, 1]]
+    assert targets.tolist() == [[32099, 10, 32098, 12, 13, 1], [32099, 14, 32098, 16, 1, 0]]
+    # without an end token, and with another padding id
+    inputs, targets = iid_corrupt(ids, noise_density=0.5, sentinel_ids=T5_SENTINELS, pad_id=-1,
+                                  generator=torch.Generator().manual_seed(0))
+    assert inputs.tolist() == [[32099, 11, 32098, -1], [32099, 15, 32098, 17]]
+    assert targets.tolist() == [[32099, 10, 32098, 12, 13], [32099, 14, 32098, 16, -1]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 80), density=st.sampled_from([0.05, 0.15, 0.5, 0.9]), seed=st.integers(0, 1000))
+def test_iid_corrupt_merges_back_into_the_original(length, density, seed):
+    ids = torch.arange(100, 100 + 3 * length).view(3, length)
+    noise = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed)) < density
+    inputs, targets = iid_corrupt(ids, noise_density=density, sentinel_ids=T5_SENTINELS, eos_id=1, pad_id=0,
+                                  generator=torch.Generator().manual_seed(seed))
+    for row_in, row_tgt, original, row_noise in zip(inputs.tolist(), targets.tolist(), ids.tolist(), noise.tolist()):
+        merged, spans = _merge(row_in, row_tgt, eos=1, pad=0)
+        assert merged == original
+        # the noise is exactly the generator's draw, and each run of it is one span, sentinels in T5's order
+        assert sum(len(s) for s in spans.values()) == sum(row_noise)
+        assert list(spans) == list(T5_SENTINELS)[: len(spans)]
+        assert len(spans) == sum(m and (j == 0 or not row_noise[j - 1]) for j, m in enumerate(row_noise))
+        assert row_in[len(original) - sum(row_noise) + len(spans)] == 1 and row_tgt[sum(row_noise) + len(spans)] == 1
+
+
+def test_iid_corrupt_masks_noise_density_of_the_tokens_in_runs_as_expected():
+    ids = torch.randint(100, 200, (200, 500), generator=torch.Generator().manual_seed(1))
+    p = 0.15
+    inputs, targets = iid_corrupt(ids, noise_density=p, sentinel_ids=T5_SENTINELS, pad_id=0,
+                                  generator=torch.Generator().manual_seed(2))
+    sentinels = (targets >= 32000).sum().item()
+    masked = ((targets > 0) & (targets < 32000)).sum().item()
+    assert abs(masked / ids.numel() - p) < 0.005  # sd of the fraction: sqrt(p (1 - p) / 100,000) = 0.0011
+    assert abs(sentinels / ids.shape[0] - 500 * p * (1 - p)) < 1.5  # a run starts at a masked token after a clean one
+    assert (inputs > 0).sum().item() == ids.numel() - masked + sentinels
+    # the same seed gives the same corruption; another seed another
+    again = iid_corrupt(ids, noise_density=p, sentinel_ids=T5_SENTINELS, generator=torch.Generator().manual_seed(2))
+    other = iid_corrupt(ids, noise_density=p, sentinel_ids=T5_SENTINELS, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(again[1], targets) and not torch.equal(other[1], targets)
+
+
+def test_iid_corrupt_bad_arguments():
+    ids = torch.arange(100, 120).view(2, 10)
+    with pytest.raises(ValueError, match="ids must be an integer tensor with 2 dims"):
+        iid_corrupt(ids[0], sentinel_ids=T5_SENTINELS)
+    with pytest.raises(ValueError, match="ids must be an integer tensor"):
+        iid_corrupt(ids.float(), sentinel_ids=T5_SENTINELS)
+    with pytest.raises(ValueError, match="ids must hold at least 1 token"):
+        iid_corrupt(ids[:, :0], sentinel_ids=T5_SENTINELS)
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match=f"noise_density must be in \\(0, 1\\), got {bad}"):
+            iid_corrupt(ids, noise_density=bad, sentinel_ids=T5_SENTINELS)
+    with pytest.raises(ValueError, match="sentinel_ids holds 1 sentinels, 2 spans need one each"):
+        iid_corrupt(torch.tensor([[10, 11, 12, 13]]), noise_density=0.5, sentinel_ids=[32099],
+                    generator=torch.Generator().manual_seed(0))  # noise [x . x x]: two runs
 
 
 def test_distillation_loss_terms():
